@@ -1,0 +1,397 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/inproc"
+	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// Errors returned by the bus.
+var (
+	// ErrNotStarted is returned by calls that need a started bus.
+	ErrNotStarted = errors.New("bus: not started; call Start or Run first")
+	// ErrAlreadyStarted is returned by a second Start.
+	ErrAlreadyStarted = errors.New("bus: already started")
+	// ErrStopped is returned by Start after Stop: a bus runs once.
+	ErrStopped = errors.New("bus: stopped; create a new bus with New")
+	// ErrMessageTooLarge is returned for a body over the maximum message size.
+	ErrMessageTooLarge = errors.New("bus: message too large")
+	// ErrInvalidMessage is returned for a message the bus cannot publish.
+	ErrInvalidMessage = errors.New("bus: invalid message")
+)
+
+// Headers are message headers. See the Header* constants for the ones the
+// bus interprets.
+type Headers = endpoint.Headers
+
+// Header names the bus interprets.
+const (
+	HeaderMessageID     = wire.HeaderMessageID
+	HeaderCorrelationID = wire.HeaderCorrelationID
+	HeaderMessageType   = wire.HeaderMessageType
+	HeaderExchange      = wire.HeaderExchange
+	HeaderRoutingKey    = wire.HeaderRoutingKey
+	HeaderContentType   = wire.HeaderContentType
+	HeaderFaultReason   = wire.HeaderFaultReason
+	HeaderFaultType     = wire.HeaderFaultType
+	HeaderFaultStack    = wire.HeaderFaultStack
+	HeaderFaultEndpoint = wire.HeaderFaultEndpoint
+	HeaderFaultAttempts = wire.HeaderFaultAttempts
+)
+
+// Bus is a message bus: receive endpoints consuming from a transport, an
+// outbox relaying what transactions publish, and an inbox deduplicating
+// what consumers receive. Create it with New, then Start/Stop or Run.
+type Bus struct {
+	cfg       config
+	log       *slog.Logger
+	endpoints []*endpoint.Endpoint
+	tr        transport.Transport
+	mem       *inproc.Transport
+
+	db       *gorm.DB
+	ownDB    bool
+	store    *gormstore.Store
+	inboxSt  inbox.Store
+	outboxSt outbox.Store
+	relay    *outbox.Relay
+	router   *message.Router
+
+	mu         sync.Mutex
+	state      int // 0 new, 1 started, 2 stopped
+	cancel     context.CancelFunc
+	bg         sync.WaitGroup
+	routerDone chan error
+	inFlight   atomic.Int64
+	ctr        counters
+}
+
+// New builds a bus from options. It performs no I/O: connections are made
+// and tables created by Start. With no options it runs on the embedded
+// default (in-memory SQLite and the in-process transport). Every
+// configuration mistake is reported, joined into one error.
+func New(opts ...Option) (*Bus, error) {
+	c := config{}
+	var errs []error
+	for _, o := range opts {
+		if o == nil {
+			errs = append(errs, optErr("nil option"))
+			continue
+		}
+		if err := o(&c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, c.errs...)
+	c.outboxOpts.Defaults()
+	for _, err := range c.outboxOpts.Validate() {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidOption, err))
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.serializer == nil {
+		c.serializer = endpoint.JSON
+	}
+	if c.stopTimeout == 0 {
+		c.stopTimeout = 30 * time.Second
+	}
+	if c.maxMessageSize == 0 {
+		c.maxMessageSize = 16 << 20
+	}
+	if c.instanceID == "" {
+		host, _ := os.Hostname()
+		c.instanceID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), wire.NewID()[:8])
+	}
+	if c.db != nil && c.sqlitePath != "" {
+		errs = append(errs, optErr("WithSQLite and WithOutbox both choose a database; keep one"))
+	}
+
+	b := &Bus{cfg: c, log: c.logger}
+	seen := map[string]bool{}
+	for _, eps := range c.endpoints {
+		errs = append(errs, eps.Errs()...)
+		for _, ep := range eps.List() {
+			if seen[ep.Name()] {
+				errs = append(errs, fmt.Errorf("%w: endpoint %q is declared twice; merge its consumers into one ReceiveEndpoint call", endpoint.ErrInvalidConfig, ep.Name()))
+				continue
+			}
+			seen[ep.Name()] = true
+			b.endpoints = append(b.endpoints, ep)
+		}
+	}
+	switch c.transport {
+	case transportRabbitMQ:
+		tr, err := rabbit.New(c.amqpURL, c.rabbit, c.logger)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			b.tr = tr
+		}
+	default:
+		b.mem = inproc.New()
+		b.tr = b.mem
+	}
+
+	if c.db != nil {
+		store, err := gormstore.New(c.db, gormstore.WithTablePrefix(c.outboxOpts.TablePrefix))
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			b.useStore(c.db, store)
+		}
+	} else if err := gormstore.ValidatePrefix(c.outboxOpts.TablePrefix); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return b, nil
+}
+
+func (b *Bus) useStore(db *gorm.DB, s *gormstore.Store) {
+	b.db = db
+	b.store = s
+	b.inboxSt = s.Inbox()
+	b.outboxSt = s.Outbox()
+}
+
+// Endpoints returns the receive endpoints, in declaration order.
+func (b *Bus) Endpoints() []*endpoint.Endpoint { return b.endpoints }
+
+// DB returns the database holding the inbox and outbox tables (nil before
+// Start on the embedded default).
+func (b *Bus) DB() *gorm.DB { return b.db }
+
+// InboxStore returns the inbox store, for inspection (nil before Start on
+// the embedded default).
+func (b *Bus) InboxStore() inbox.Store { return b.inboxSt }
+
+// OutboxStore returns the outbox store, for inspection (nil before Start on
+// the embedded default).
+func (b *Bus) OutboxStore() outbox.Store { return b.outboxSt }
+
+// Start opens the embedded database if none was given, creates the tables
+// (unless DisableAutoMigrate), connects the transport, declares the
+// topology, and starts the endpoints, the relay and the cleanup loops. ctx
+// bounds start-up only.
+func (b *Bus) Start(ctx context.Context) (err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case 1:
+		return ErrAlreadyStarted
+	case 2:
+		return ErrStopped
+	}
+	defer func() {
+		if err != nil {
+			b.closeResources()
+		}
+	}()
+	if b.db == nil {
+		db, err := gormstore.OpenSQLite(b.cfg.sqlitePath)
+		if err != nil {
+			return fmt.Errorf("bus: open embedded SQLite: %w", err)
+		}
+		store, err := gormstore.New(db, gormstore.WithTablePrefix(b.cfg.outboxOpts.TablePrefix))
+		if err != nil {
+			_ = closeDB(db)
+			return err
+		}
+		b.ownDB = true
+		b.useStore(db, store)
+	}
+	if !b.cfg.outboxOpts.DisableAutoMigrate {
+		if err := b.store.Migrate(ctx); err != nil {
+			return fmt.Errorf("bus: create tables: %w", err)
+		}
+	}
+	if err := b.tr.Start(ctx, b.endpoints); err != nil {
+		return fmt.Errorf("bus: start transport: %w", err)
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: b.cfg.stopTimeout}, watermillLogger(b.log))
+	if err != nil {
+		return fmt.Errorf("bus: create router: %w", err)
+	}
+	for _, ep := range b.endpoints {
+		h := b.handler(ep)
+		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
+			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
+		}
+	}
+	b.router = router
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.cancel = cancel
+	b.routerDone = make(chan error, 1)
+	go func() { b.routerDone <- router.Run(runCtx) }()
+	if len(b.endpoints) > 0 {
+		select {
+		case <-router.Running():
+		case err := <-b.routerDone:
+			cancel()
+			return fmt.Errorf("bus: router stopped at start: %w", err)
+		case <-ctx.Done():
+			cancel()
+			_ = router.Close()
+			<-b.routerDone
+			return ctx.Err()
+		}
+	}
+
+	o := b.cfg.outboxOpts
+	b.relay = &outbox.Relay{
+		Store: b.outboxSt, Transport: b.tr, Owner: b.cfg.instanceID,
+		PollingInterval: o.PollingInterval, BatchSize: o.DispatchBatchSize, Workers: o.RelayWorkers,
+		Lease: o.RelayLease, MaxAttempts: o.MaxAttempts, DeleteOnDeliver: o.DeleteOnDeliver, Logger: b.log,
+	}
+	if n, ok := b.outboxSt.(outbox.Notifier); ok && b.db.Dialector.Name() == "postgres" {
+		b.relay.Notifier = n
+	}
+	b.bg.Go(func() { b.relay.Run(runCtx) })
+	b.bg.Go(func() {
+		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
+	})
+	b.bg.Go(func() {
+		(&outbox.Cleaner{Store: b.outboxSt, Retention: o.OutboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
+	})
+	b.state = 1
+	b.log.InfoContext(ctx, "bus started", "endpoints", len(b.endpoints), "instance_id", b.cfg.instanceID, "transport", b.transportName())
+	return nil
+}
+
+func (b *Bus) transportName() string {
+	if b.cfg.transport == transportRabbitMQ {
+		return "rabbitmq"
+	}
+	return "in-process"
+}
+
+// Stop stops consuming, waits for in-flight messages (up to ctx's deadline
+// and the stop timeout), gives the relay a last pass over committed outbox
+// rows, and closes connections. Messages not finished in time are not
+// acknowledged: the broker redelivers them and the inbox absorbs any repeat.
+func (b *Bus) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != 1 {
+		if b.state == 0 {
+			return ErrNotStarted
+		}
+		return nil
+	}
+	b.state = 2
+	var errs []error
+	closed := make(chan error, 1)
+	go func() { closed <- b.router.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", err))
+		}
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
+	}
+	b.cancel()
+	b.bg.Wait()
+	// Flush what committed transactions left in the outbox, within ctx.
+	for ctx.Err() == nil {
+		n, err := b.relay.DispatchOnce(ctx)
+		if err != nil || n == 0 {
+			break
+		}
+	}
+	select {
+	case <-b.routerDone:
+	case <-ctx.Done():
+	}
+	errs = append(errs, b.closeResources())
+	b.log.Info("bus stopped", "instance_id", b.cfg.instanceID)
+	return errors.Join(errs...)
+}
+
+func (b *Bus) closeResources() error {
+	var errs []error
+	if b.tr != nil {
+		if err := b.tr.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("bus: close transport: %w", err))
+		}
+	}
+	if b.ownDB && b.db != nil {
+		if err := closeDB(b.db); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func closeDB(db *gorm.DB) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.Close()
+}
+
+// Run starts the bus, blocks until ctx is done, then stops it within the
+// stop timeout (WithStopTimeout).
+func (b *Bus) Run(ctx context.Context) error {
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.stopTimeout)
+	defer cancel()
+	return b.Stop(sctx)
+}
+
+// Health reports nil when the transport is connected and the database
+// answers; otherwise an error saying which is not.
+func (b *Bus) Health(ctx context.Context) error {
+	b.mu.Lock()
+	state := b.state
+	b.mu.Unlock()
+	if state != 1 {
+		return ErrNotStarted
+	}
+	var errs []error
+	if err := b.tr.Health(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("transport: %w", err))
+	}
+	if sqlDB, err := b.db.DB(); err != nil {
+		errs = append(errs, fmt.Errorf("database: %w", err))
+	} else if err := sqlDB.PingContext(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("database: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func watermillLogger(l *slog.Logger) watermill.LoggerAdapter {
+	// Watermill's per-message logs are debug noise for a bus user; its
+	// info (handler start/stop) is debug here too.
+	return watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{
+		slog.LevelInfo:       slog.LevelDebug,
+		slog.LevelDebug:      watermill.LevelTrace,
+		watermill.LevelTrace: watermill.LevelTrace - 4,
+	})
+}

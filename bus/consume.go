@@ -1,0 +1,323 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// ErrMissingMessageID is the dead-letter reason for a message without an id
+// on an endpoint whose MissingMessageID policy is RejectMissingID.
+var ErrMissingMessageID = errors.New("message has no id (no message_id property or message-id header); cannot deduplicate")
+
+type stateKey struct{}
+
+// deliveryState travels in the consumer's context.
+type deliveryState struct{ published, ran atomic.Bool }
+
+func stateFrom(ctx context.Context) *deliveryState {
+	s, _ := ctx.Value(stateKey{}).(*deliveryState)
+	return s
+}
+
+// PanicError is a consumer panic turned into an error; its stack goes into
+// the fault headers of the dead-lettered message.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (p *PanicError) Error() string { return fmt.Sprintf("consumer panicked: %v", p.Value) }
+
+type consumerPublisher struct{ b *Bus }
+
+func (p consumerPublisher) Publish(ctx context.Context, msg any, h endpoint.Headers) error {
+	return p.b.Publish(ctx, msg, h)
+}
+
+func (p consumerPublisher) Send(ctx context.Context, dest string, msg any, h endpoint.Headers) error {
+	return p.b.Send(ctx, dest, msg, h)
+}
+
+type dispatcher struct {
+	byType   map[string][]*endpoint.Registration
+	catchAll *endpoint.Registration
+}
+
+func newDispatcher(ep *endpoint.Endpoint) *dispatcher {
+	d := &dispatcher{byType: map[string][]*endpoint.Registration{}}
+	for _, r := range ep.Consumers() {
+		if r.MessageType == "" {
+			d.catchAll = r
+			continue
+		}
+		d.byType[r.MessageType] = append(d.byType[r.MessageType], r)
+	}
+	return d
+}
+
+func (d *dispatcher) lookup(typ string) []*endpoint.Registration {
+	if rs := d.byType[typ]; len(rs) > 0 {
+		return rs
+	}
+	if d.catchAll != nil {
+		return []*endpoint.Registration{d.catchAll}
+	}
+	return nil
+}
+
+// handler builds the Watermill handler of one endpoint: retry policy around
+// the inbox around the consumers, then dead-lettering.
+func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
+	disp := newDispatcher(ep)
+	log := b.log.With("endpoint", ep.Name())
+	mw := &inbox.Middleware{
+		Store: b.inboxSt, ConsumerType: ep.Name(), LockTimeout: b.cfg.outboxOpts.InboxLockTimeout,
+		SingleTransaction: ep.Inbox == endpoint.InboxSingleTransaction, Logger: log,
+		OnDuplicate: func(inbox.Key) { b.ctr.duplicates.Add(1) },
+	}
+	return func(msg *message.Message) error {
+		b.inFlight.Add(1)
+		defer b.inFlight.Add(-1)
+		ctx := msg.Context()
+		if ep.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
+			defer cancel()
+		}
+		attempts := 0
+		op := func() (struct{}, error) {
+			attempts++
+			err := b.attempt(ctx, ep, disp, mw, msg, attempts, log)
+			switch {
+			case err == nil:
+				return struct{}{}, nil
+			case errors.Is(err, inbox.ErrBusy):
+				return struct{}{}, backoff.Permanent(err)
+			case endpoint.IsPermanent(err):
+				return struct{}{}, backoff.Permanent(err)
+			case ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err):
+				return struct{}{}, backoff.Permanent(err)
+			}
+			b.ctr.retries.Add(1)
+			log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
+			return struct{}{}, err
+		}
+		_, err := backoff.Retry(ctx, op, backoff.WithBackOff(retryBackOff(ep.Retry)),
+			backoff.WithMaxTries(uint(maxTries(ep.Retry))), backoff.WithMaxElapsedTime(0))
+		var pe *backoff.PermanentError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, inbox.ErrBusy):
+			b.ctr.requeued.Add(1)
+			return err // nack: the broker redelivers once the other delivery settles
+		case msg.Context().Err() != nil:
+			b.ctr.requeued.Add(1)
+			return err // shutting down: nack, the broker redelivers
+		}
+		if dlErr := b.deadLetter(context.WithoutCancel(ctx), ep, msg, err, attempts); dlErr != nil {
+			b.ctr.requeued.Add(1)
+			log.ErrorContext(ctx, "dead-lettering failed; message requeued", "message_id", msg.UUID, "error", dlErr, "reason", err)
+			return fmt.Errorf("dead-letter: %w", dlErr)
+		}
+		b.ctr.deadLettered.Add(1)
+		log.WarnContext(ctx, "message dead-lettered", "message_id", msg.UUID, "message_type", msg.Metadata.Get(wire.HeaderMessageType),
+			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+		return nil
+	}
+}
+
+func maxTries(p endpoint.RetryPolicy) int {
+	if p.Kind == endpoint.RetryNone {
+		return 1
+	}
+	return p.Retries + 1
+}
+
+// attempt runs the consumers once, in a transaction, behind the inbox.
+func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, attempt int, log *slog.Logger) error {
+	typ := msg.Metadata.Get(wire.HeaderMessageType)
+	regs := disp.lookup(typ)
+	if len(regs) == 0 {
+		return endpoint.Permanent(fmt.Errorf("%w %q on endpoint %q (consumed types: %s)", endpoint.ErrUnknownMessageType, typ, ep.Name(), strings.Join(ep.MessageTypes(), ", ")))
+	}
+	headers := Headers{}
+	for k, v := range msg.Metadata {
+		headers[k] = v
+	}
+	d := endpoint.NewDelivery(endpoint.Delivery{
+		MessageID:     msg.UUID,
+		CorrelationID: msg.Metadata.Get(wire.HeaderCorrelationID),
+		MessageType:   typ,
+		ContentType:   msg.Metadata.Get(wire.HeaderContentType),
+		Headers:       headers,
+		Body:          msg.Payload,
+		Endpoint:      ep.Name(),
+		Attempt:       attempt,
+	}, consumerPublisher{b})
+	state := &deliveryState{}
+	run := func(txCtx context.Context) error {
+		txCtx = context.WithValue(txCtx, stateKey{}, state)
+		state.ran.Store(true)
+		for _, r := range regs {
+			if err := callConsumer(txCtx, r, d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+
+	var err error
+	switch {
+	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
+		return endpoint.Permanent(ErrMissingMessageID)
+	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:
+		if msg.UUID == "" {
+			log.WarnContext(ctx, "processing a message without an id: no deduplication", "message_type", typ)
+		}
+		err = b.inTx(ctx, run)
+	default:
+		msg.SetContext(ctx)
+		_, err = mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			return nil, run(m.Context())
+		})(msg)
+	}
+	if err == nil && state.ran.Load() {
+		b.ctr.consumed.Add(1)
+		if state.published.Load() {
+			b.wake()
+		}
+	}
+	return err
+}
+
+func (b *Bus) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	return b.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return fn(gormstore.WithTx(ctx, tx))
+	})
+}
+
+func callConsumer(ctx context.Context, r *endpoint.Registration, d *endpoint.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: string(debug.Stack())}
+		}
+	}()
+	if err := r.Handle(ctx, d); err != nil {
+		return fmt.Errorf("consumer %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+// deadLetter moves the message to the endpoint's dead-letter destination
+// with fault headers, and returns once the transport confirmed it.
+func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, cause error, attempts int) error {
+	h := map[string]string{}
+	maps.Copy(h, msg.Metadata)
+	delete(h, transport.MetaRedelivered)
+	delete(h, transport.MetaDeliveryCount)
+	h[wire.HeaderFaultReason] = cause.Error()
+	h[wire.HeaderFaultType] = errorType(cause)
+	h[wire.HeaderFaultEndpoint] = ep.Name()
+	h[wire.HeaderFaultAttempts] = strconv.Itoa(attempts)
+	h[wire.HeaderFaultTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	if dest := msg.Metadata.Get(wire.HeaderDestination); dest != "" {
+		kind, name := wire.ParseDestination(dest)
+		if kind == "exchange" {
+			h[wire.HeaderFaultExchange] = name
+		} else {
+			h[wire.HeaderFaultRoutingKey] = name
+		}
+	}
+	var pe *PanicError
+	if errors.As(cause, &pe) {
+		h[wire.HeaderFaultStack] = pe.Stack
+	}
+	m := &outbox.Message{
+		MessageID:     msg.UUID,
+		MessageType:   msg.Metadata.Get(wire.HeaderMessageType),
+		ContentType:   msg.Metadata.Get(wire.HeaderContentType),
+		CorrelationID: msg.Metadata.Get(wire.HeaderCorrelationID),
+		Payload:       msg.Payload,
+		Destination:   wire.QueuePrefix + ep.ErrorQueue,
+	}
+	if ep.Queue.DeadLetterExchange != "" {
+		m.Destination = wire.ExchangePrefix + ep.Queue.DeadLetterExchange
+		m.RoutingKey = ep.Queue.DeadLetterRoutingKey
+	}
+	for _, k := range []string{wire.HeaderMessageID, wire.HeaderMessageType, wire.HeaderContentType, wire.HeaderCorrelationID} {
+		delete(h, k)
+	}
+	m.Headers = h
+	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+}
+
+func errorType(err error) string {
+	// The innermost error's type says most about the cause.
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return fmt.Sprintf("%T", err)
+		}
+		err = next
+	}
+}
+
+type incremental struct {
+	first, step, cur time.Duration
+}
+
+func (b *incremental) Reset() { b.cur = 0 }
+func (b *incremental) NextBackOff() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.first
+	} else {
+		b.cur += b.step
+	}
+	return b.cur
+}
+
+func retryBackOff(p endpoint.RetryPolicy) backoff.BackOff {
+	switch p.Kind {
+	case endpoint.RetryImmediate, endpoint.RetryNone:
+		return &backoff.ZeroBackOff{}
+	case endpoint.RetryInterval:
+		return backoff.NewConstantBackOff(p.Interval)
+	case endpoint.RetryIncremental:
+		return &incremental{first: p.Interval, step: p.Increment}
+	default:
+		e := backoff.NewExponentialBackOff()
+		e.InitialInterval = p.Interval
+		e.MaxInterval = p.MaxInterval
+		if e.MaxInterval == 0 {
+			e.MaxInterval = 30 * time.Second
+		}
+		if p.Multiplier != 0 {
+			e.Multiplier = p.Multiplier
+		}
+		e.RandomizationFactor = p.RandomizationFactor
+		return e
+	}
+}

@@ -1,0 +1,248 @@
+package endpoint
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"runtime"
+	"strings"
+)
+
+// Headers are message headers: string keys and values.
+type Headers map[string]string
+
+// Publisher publishes further messages from inside a consumer. The bus
+// supplies one that writes to the outbox in the consumer's transaction:
+// the messages are sent if and only if the consumer's transaction commits.
+type Publisher interface {
+	// Publish fans msg out to every endpoint that consumes its type.
+	Publish(ctx context.Context, msg any, headers Headers) error
+	// Send delivers msg to one destination: "queue:name", "exchange:name",
+	// or a bare endpoint name.
+	Send(ctx context.Context, destination string, msg any, headers Headers) error
+}
+
+// Delivery is one message as a consumer receives it, with everything but the
+// decoded body. Typed consumers get it embedded in Context[T].
+type Delivery struct {
+	// MessageID is the message's id (the inbox key).
+	MessageID string
+	// CorrelationID is the correlation id; messages published from the
+	// consumer carry it on unless their headers set another.
+	CorrelationID string
+	// MessageType is the BW-MessageType header.
+	MessageType string
+	ContentType string
+	// Headers are all headers of the message.
+	Headers Headers
+	// Body is the raw body.
+	Body []byte
+	// Endpoint is the receiving endpoint's name.
+	Endpoint string
+	// Attempt counts in-process attempts, starting at 1.
+	Attempt int
+
+	publisher Publisher
+}
+
+// NewDelivery returns d bound to p for Publish and Send. The bus calls it.
+func NewDelivery(d Delivery, p Publisher) *Delivery {
+	d.publisher = p
+	return &d
+}
+
+// Publish publishes msg in the consumer's transaction (see Publisher). Pass
+// the ctx the consumer received: it carries the transaction.
+func (d *Delivery) Publish(ctx context.Context, msg any, headers Headers) error {
+	if d.publisher == nil {
+		return fmt.Errorf("endpoint: this delivery cannot publish (not created by a bus)")
+	}
+	return d.publisher.Publish(ctx, msg, d.inherit(headers))
+}
+
+// Send sends msg to destination in the consumer's transaction.
+func (d *Delivery) Send(ctx context.Context, destination string, msg any, headers Headers) error {
+	if d.publisher == nil {
+		return fmt.Errorf("endpoint: this delivery cannot send (not created by a bus)")
+	}
+	return d.publisher.Send(ctx, destination, msg, d.inherit(headers))
+}
+
+func (d *Delivery) inherit(h Headers) Headers {
+	if d.CorrelationID == "" {
+		return h
+	}
+	if _, ok := h["correlation-id"]; ok {
+		return h
+	}
+	out := make(Headers, len(h)+1)
+	for k, v := range h {
+		out[k] = v
+	}
+	out["correlation-id"] = d.CorrelationID
+	return out
+}
+
+// Context is what a typed consumer receives: the decoded message and its delivery.
+type Context[T any] struct {
+	*Delivery
+	Message T
+}
+
+// Handler is a typed consumer implemented as a type (a struct with
+// dependencies, say). Register it with ConsumerOf.
+type Handler[T any] interface {
+	Consume(ctx context.Context, c *Context[T]) error
+}
+
+// HandleFunc is the signature of a consumer function for messages of type T.
+type HandleFunc[T any] func(ctx context.Context, c *Context[T]) error
+
+// Consume lets a HandleFunc serve as a Handler.
+func (f HandleFunc[T]) Consume(ctx context.Context, c *Context[T]) error { return f(ctx, c) }
+
+// Registration is one consumer on an endpoint.
+type Registration struct {
+	// MessageType is the type name this consumer handles; empty for a raw
+	// catch-all consumer.
+	MessageType string
+	// Types lists the message types of a raw consumer bound to types.
+	Types []string
+	// GoType is the message's Go type; nil for raw consumers.
+	GoType reflect.Type
+	// Name names the consumer in logs and errors.
+	Name string
+	// Handle runs the consumer on a delivery.
+	Handle func(ctx context.Context, d *Delivery) error
+
+	named bool // Name was given with Named
+}
+
+// ConsumerOption adjusts a consumer registration.
+type ConsumerOption func(*Registration)
+
+// Named names the consumer (defaults to its Go type or function name). Two
+// consumers of one message type on one endpoint need distinct names.
+func Named(name string) ConsumerOption {
+	return func(r *Registration) { r.Name, r.named = name, true }
+}
+
+// AsMessageType overrides the message type name the consumer is dispatched
+// on (defaults to TypeName of T).
+func AsMessageType(name string) ConsumerOption {
+	return func(r *Registration) { r.MessageType = name }
+}
+
+// ForTypes binds a raw consumer to the given message types instead of making
+// it the endpoint's catch-all.
+func ForTypes(types ...string) ConsumerOption {
+	return func(r *Registration) { r.Types = append(r.Types, types...) }
+}
+
+// Consumer registers fn as the consumer of messages of type T on e.
+func Consumer[T any](e *Endpoint, fn func(ctx context.Context, c *Context[T]) error, opts ...ConsumerOption) {
+	if fn == nil {
+		e.addErr(configErr("endpoint %q: Consumer[%s]: consumer function is nil", e.name, goTypeName[T]()))
+		return
+	}
+	register[T](e, HandleFunc[T](fn), funcName(fn), opts)
+}
+
+// ConsumerOf registers h as the consumer of messages of type T on e.
+func ConsumerOf[T any](e *Endpoint, h Handler[T], opts ...ConsumerOption) {
+	if h == nil || (reflect.ValueOf(h).Kind() == reflect.Pointer && reflect.ValueOf(h).IsNil()) {
+		e.addErr(configErr("endpoint %q: ConsumerOf[%s]: consumer is nil", e.name, goTypeName[T]()))
+		return
+	}
+	register[T](e, h, reflect.TypeOf(h).String(), opts)
+}
+
+func register[T any](e *Endpoint, h Handler[T], name string, opts []ConsumerOption) {
+	t := reflect.TypeFor[T]()
+	r := &Registration{MessageType: TypeNameOf[T](), GoType: t, Name: name}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.MessageType == "" {
+		e.addErr(configErr("endpoint %q: consumer %q: message type name is empty", e.name, r.Name))
+		return
+	}
+	r.Handle = func(ctx context.Context, d *Delivery) error {
+		var m T
+		if err := e.Serializer.Unmarshal(d.Body, &m); err != nil {
+			return Permanent(fmt.Errorf("cannot decode %s body: %w", r.MessageType, err))
+		}
+		return h.Consume(ctx, &Context[T]{Delivery: d, Message: m})
+	}
+	e.consumers = append(e.consumers, r)
+}
+
+// RawConsumer registers fn for raw deliveries (bytes and headers). Without
+// ForTypes it is the endpoint's catch-all: it receives every message no typed
+// consumer handles, including messages without a type.
+func RawConsumer(e *Endpoint, fn func(ctx context.Context, d *Delivery) error, opts ...ConsumerOption) {
+	if fn == nil {
+		e.addErr(configErr("endpoint %q: RawConsumer: consumer function is nil", e.name))
+		return
+	}
+	r := &Registration{Name: funcName(fn), Handle: fn}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.MessageType != "" {
+		r.Types = append(r.Types, r.MessageType)
+		r.MessageType = ""
+	}
+	if len(r.Types) == 0 {
+		e.consumers = append(e.consumers, r)
+		return
+	}
+	for _, typ := range r.Types {
+		c := *r
+		c.MessageType = typ
+		c.Types = nil
+		e.consumers = append(e.consumers, &c)
+	}
+}
+
+// TypeNamer is implemented by message types that choose their wire name.
+type TypeNamer interface{ MessageType() string }
+
+// TypeNameOf returns the wire name of message type T: T's MessageType()
+// when it implements TypeNamer, otherwise its Go type name without package.
+func TypeNameOf[T any]() string {
+	var zero T
+	return TypeName(zero)
+}
+
+// TypeName returns the wire name of v's type (see TypeNameOf).
+func TypeName(v any) string {
+	if n, ok := v.(TypeNamer); ok {
+		return n.MessageType()
+	}
+	t := reflect.TypeOf(v)
+	if t == nil {
+		return ""
+	}
+	if n, ok := reflect.New(t).Interface().(TypeNamer); ok && t.Kind() != reflect.Pointer {
+		return n.MessageType()
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Name()
+}
+
+func goTypeName[T any]() string { return reflect.TypeFor[T]().String() }
+
+func funcName(fn any) string {
+	f := runtime.FuncForPC(reflect.ValueOf(fn).Pointer())
+	if f == nil {
+		return "func"
+	}
+	n := f.Name()
+	if i := strings.LastIndex(n, "/"); i >= 0 {
+		n = n[i+1:]
+	}
+	return n
+}

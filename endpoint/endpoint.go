@@ -1,0 +1,338 @@
+package endpoint
+
+import (
+	"crypto/tls"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// InboxMode selects how an endpoint deduplicates messages.
+type InboxMode int
+
+const (
+	// InboxTwoPhase (the default) takes a lock in its own short transaction,
+	// then processes in a second transaction that marks the entry processed.
+	// A long or crashed handler never blocks other deliveries of the same id
+	// beyond InboxLockTimeout.
+	InboxTwoPhase InboxMode = iota
+	// InboxSingleTransaction inserts the inbox entry in the processing
+	// transaction itself: one commit per message instead of two. Concurrent
+	// deliveries of the same id wait on the row, so use it for short handlers.
+	InboxSingleTransaction
+	// InboxOff disables deduplication on this endpoint: every delivery runs
+	// the consumer (at-least-once effect).
+	InboxOff
+)
+
+// MissingIDPolicy says what an endpoint does with a message that has no id.
+type MissingIDPolicy int
+
+const (
+	// RejectMissingID (the default) dead-letters the message with the reason:
+	// without an id it cannot be deduplicated, and inventing one per delivery
+	// would let every redelivery through.
+	RejectMissingID MissingIDPolicy = iota
+	// ProcessMissingID runs the consumer without deduplication and logs a warning.
+	ProcessMissingID
+)
+
+// Defaults.
+const (
+	DefaultPrefetchCount          = 16
+	DefaultConcurrentMessageLimit = 8
+)
+
+// Endpoint is a receive endpoint: a queue and the consumers that handle its
+// messages, dispatched by message type. Configure it inside the function
+// given to ReceiveEndpoint; it is read once, when the bus is built.
+type Endpoint struct {
+	name string
+
+	// PrefetchCount is how many unacknowledged messages the broker may push
+	// to the endpoint. Defaults to 16; must be >= ConcurrentMessageLimit.
+	PrefetchCount int
+	// ConcurrentMessageLimit is how many messages the endpoint handles at
+	// once. Defaults to 8.
+	ConcurrentMessageLimit int
+	// Retry is the in-process retry policy. Defaults to DefaultRetry().
+	Retry RetryPolicy
+	// Serializer reads message bodies. Defaults to JSON.
+	Serializer Serializer
+	// Inbox selects deduplication. Defaults to InboxTwoPhase.
+	Inbox InboxMode
+	// MissingMessageID is the policy for messages without an id. Defaults
+	// to RejectMissingID.
+	MissingMessageID MissingIDPolicy
+	// HandlerTimeout cancels a handler's context after this long; the
+	// message then counts as failed. Defaults to 0 (no timeout).
+	HandlerTimeout time.Duration
+	// ErrorQueue receives dead letters when Queue.DeadLetterExchange is not
+	// set. Defaults to "<name>_error".
+	ErrorQueue string
+	// Queue holds the broker-side declaration of the endpoint's queue (type,
+	// TTL, dead-letter exchange, ...). Its Name is the endpoint's name.
+	Queue Queue
+	// Bindings are extra bindings of the endpoint's queue to exchanges, added
+	// to the automatic binding of one exchange per consumed message type.
+	Bindings []Binding
+
+	consumers []*Registration
+	errs      []error
+}
+
+// Name is the endpoint's (and its queue's) name.
+func (e *Endpoint) Name() string { return e.name }
+
+// Consumers returns the registered consumers in registration order.
+func (e *Endpoint) Consumers() []*Registration { return e.consumers }
+
+// MessageTypes lists the message types the endpoint's typed consumers handle.
+func (e *Endpoint) MessageTypes() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range e.consumers {
+		if r.MessageType != "" && !seen[r.MessageType] {
+			seen[r.MessageType] = true
+			out = append(out, r.MessageType)
+		}
+	}
+	return out
+}
+
+// Bind adds a binding of this endpoint's queue to exchange with routingKey.
+func (e *Endpoint) Bind(exchange, routingKey string) {
+	e.Bindings = append(e.Bindings, Binding{Exchange: exchange, Queue: e.name, RoutingKey: routingKey})
+}
+
+func (e *Endpoint) addErr(err error) { e.errs = append(e.errs, err) }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
+
+// finish applies defaults and validates; it returns every problem found.
+func (e *Endpoint) finish() []error {
+	errs := append([]error(nil), e.errs...)
+	bad := func(format string, args ...any) {
+		errs = append(errs, configErr("endpoint %q: "+format, append([]any{e.name}, args...)...))
+	}
+	if e.PrefetchCount == 0 {
+		e.PrefetchCount = DefaultPrefetchCount
+	}
+	if e.ConcurrentMessageLimit == 0 {
+		e.ConcurrentMessageLimit = DefaultConcurrentMessageLimit
+	}
+	if e.PrefetchCount < 0 {
+		bad("PrefetchCount %d is negative", e.PrefetchCount)
+	}
+	if e.ConcurrentMessageLimit < 0 {
+		bad("ConcurrentMessageLimit %d is negative", e.ConcurrentMessageLimit)
+	}
+	if e.PrefetchCount > 0 && e.ConcurrentMessageLimit > e.PrefetchCount {
+		bad("ConcurrentMessageLimit %d exceeds PrefetchCount %d; raise PrefetchCount so every handler can hold a message", e.ConcurrentMessageLimit, e.PrefetchCount)
+	}
+	if e.Retry.Kind == 0 {
+		e.Retry = DefaultRetry()
+	}
+	if err := e.Retry.Validate(); err != nil {
+		bad("Retry: %v", err)
+	}
+	if e.Serializer == nil {
+		e.Serializer = JSON
+	}
+	if e.Inbox < InboxTwoPhase || e.Inbox > InboxOff {
+		bad("unknown Inbox mode %d", e.Inbox)
+	}
+	if e.MissingMessageID < RejectMissingID || e.MissingMessageID > ProcessMissingID {
+		bad("unknown MissingMessageID policy %d", e.MissingMessageID)
+	}
+	if e.HandlerTimeout < 0 {
+		bad("HandlerTimeout %v is negative", e.HandlerTimeout)
+	}
+	if e.ErrorQueue == "" {
+		e.ErrorQueue = e.name + "_error"
+	}
+	if e.ErrorQueue == e.name {
+		bad("ErrorQueue must differ from the endpoint's own queue")
+	}
+	e.Queue.Name = e.name
+	if e.Queue.MessageTTL < 0 || e.Queue.MaxLength < 0 || e.Queue.MaxLengthBytes < 0 {
+		bad("Queue: MessageTTL, MaxLength and MaxLengthBytes must not be negative")
+	}
+	switch e.Queue.Overflow {
+	case "", "drop-head", "reject-publish", "reject-publish-dlx":
+	default:
+		bad("Queue.Overflow %q: use drop-head, reject-publish or reject-publish-dlx", e.Queue.Overflow)
+	}
+	switch e.Queue.Type {
+	case "", Classic, Quorum, Stream:
+	default:
+		bad("Queue.Type %q: use endpoint.Classic, endpoint.Quorum or endpoint.Stream", e.Queue.Type)
+	}
+	if len(e.consumers) == 0 {
+		bad("no consumers; register one with endpoint.Consumer[T](e, fn)")
+	}
+	// Several consumers of one message type on one endpoint run one after
+	// the other in the same transaction under one inbox entry; that must be
+	// a deliberate choice, so each needs a distinct name given with Named.
+	byType := map[string][]*Registration{}
+	catchAll := 0
+	for _, r := range e.consumers {
+		if r.MessageType == "" {
+			catchAll++
+			continue
+		}
+		byType[r.MessageType] = append(byType[r.MessageType], r)
+	}
+	for _, typ := range sortedKeys(byType) {
+		rs := byType[typ]
+		if len(rs) < 2 {
+			continue
+		}
+		names := map[string]bool{}
+		for _, r := range rs {
+			if !r.named || names[r.Name] {
+				bad("message type %q is registered %d times; give each consumer a distinct name with endpoint.Named(...) (they then run in one transaction, in registration order) or move one to its own endpoint", typ, len(rs))
+				break
+			}
+			names[r.Name] = true
+		}
+	}
+	if catchAll > 1 {
+		bad("%d raw catch-all consumers; at most one RawConsumer without endpoint.ForTypes is allowed", catchAll)
+	}
+	return errs
+}
+
+// Endpoints collects receive endpoint declarations. Every transport
+// configurator embeds it, so a function that takes *Endpoints declares the
+// same endpoints on any transport.
+type Endpoints struct {
+	list []*Endpoint
+	errs []error
+}
+
+// ReceiveEndpoint declares an endpoint named name (also its queue's name) and
+// configures it with configure.
+func (c *Endpoints) ReceiveEndpoint(name string, configure func(e *Endpoint)) {
+	if !nameRE.MatchString(name) {
+		c.errs = append(c.errs, configErr("endpoint name %q: use 1-200 letters, digits, '.', '_', ':' or '-', starting with a letter or digit", name))
+		return
+	}
+	for _, e := range c.list {
+		if e.name == name {
+			c.errs = append(c.errs, configErr("endpoint %q is declared twice; merge its consumers into one ReceiveEndpoint call", name))
+			return
+		}
+	}
+	if configure == nil {
+		c.errs = append(c.errs, configErr("endpoint %q: configure function is nil", name))
+		return
+	}
+	e := &Endpoint{name: name}
+	if err := safeConfigure(e, configure); err != nil {
+		c.errs = append(c.errs, err)
+		return
+	}
+	c.errs = append(c.errs, e.finish()...)
+	c.list = append(c.list, e)
+}
+
+func safeConfigure(e *Endpoint, configure func(*Endpoint)) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = configErr("endpoint %q: configure function panicked: %v", e.name, r)
+		}
+	}()
+	configure(e)
+	return nil
+}
+
+// List returns the declared endpoints.
+func (c *Endpoints) List() []*Endpoint { return c.list }
+
+// Errs returns the configuration errors collected so far.
+func (c *Endpoints) Errs() []error { return c.errs }
+
+// InMemory configures the embedded in-process transport.
+type InMemory struct {
+	Endpoints
+}
+
+// RabbitMQ configures the RabbitMQ transport: connection settings, receive
+// endpoints and extra topology.
+type RabbitMQ struct {
+	Endpoints
+	// Topology declares extra exchanges, queues and bindings.
+	Topology Topology
+
+	// TLS, when set, is used for amqps:// connections (client certificates
+	// go in TLS.Certificates).
+	TLS *tls.Config
+	// ConnectTimeout bounds how long Start retries a broker that is down.
+	// Defaults to 30s.
+	ConnectTimeout time.Duration
+	// ReconnectMaxInterval caps the backoff between reconnect attempts.
+	// Defaults to 10s.
+	ReconnectMaxInterval time.Duration
+	// MaxPendingPublishes caps publishes awaiting a broker confirm; further
+	// publishes wait. Defaults to 1000.
+	MaxPendingPublishes int
+	// PublishTimeout bounds the wait for a publish confirm. Defaults to 30s.
+	PublishTimeout time.Duration
+	// Mandatory makes publishes that no queue receives fail with an error
+	// instead of vanishing. Defaults to false for Publish (a message type
+	// nobody consumes yet is not an error) and always on for Send.
+	Mandatory bool
+}
+
+// Validate checks the connection settings. Endpoint errors are in Errs.
+func (r *RabbitMQ) Validate() []error {
+	var errs []error
+	if r.ConnectTimeout < 0 {
+		errs = append(errs, configErr("rabbitmq: ConnectTimeout %v is negative", r.ConnectTimeout))
+	}
+	if r.ReconnectMaxInterval < 0 {
+		errs = append(errs, configErr("rabbitmq: ReconnectMaxInterval %v is negative", r.ReconnectMaxInterval))
+	}
+	if r.MaxPendingPublishes < 0 {
+		errs = append(errs, configErr("rabbitmq: MaxPendingPublishes %d is negative", r.MaxPendingPublishes))
+	}
+	if r.PublishTimeout < 0 {
+		errs = append(errs, configErr("rabbitmq: PublishTimeout %v is negative", r.PublishTimeout))
+	}
+	for _, x := range r.Topology.Exchanges {
+		switch x.Kind {
+		case "", DirectExchange, FanoutExchange, TopicExchange, HeadersExchange:
+		default:
+			errs = append(errs, configErr("rabbitmq: exchange %q: unknown kind %q", x.Name, x.Kind))
+		}
+		if x.Name == "" {
+			errs = append(errs, configErr("rabbitmq: an exchange has no name"))
+		}
+	}
+	for _, b := range r.Topology.Bindings {
+		if (b.Queue == "") == (b.ToExchange == "") {
+			errs = append(errs, configErr("rabbitmq: binding from %q: set exactly one of Queue and ToExchange", b.Exchange))
+		}
+	}
+	if r.ConnectTimeout == 0 {
+		r.ConnectTimeout = 30 * time.Second
+	}
+	if r.ReconnectMaxInterval == 0 {
+		r.ReconnectMaxInterval = 10 * time.Second
+	}
+	if r.MaxPendingPublishes == 0 {
+		r.MaxPendingPublishes = 1000
+	}
+	if r.PublishTimeout == 0 {
+		r.PublishTimeout = 30 * time.Second
+	}
+	return errs
+}
+
+// String helps error messages.
+func (e *Endpoint) String() string { return fmt.Sprintf("endpoint %q", e.name) }
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,0 +1,46 @@
+// Package gormstore implements the inbox and outbox stores (inbox.Store,
+// outbox.Store and outbox.Notifier) on GORM, for PostgreSQL and SQLite.
+//
+// # Usage
+//
+//	db, err := gormstore.OpenPostgres(dsn) // or gormstore.OpenSQLite("app.db")
+//	store, err := gormstore.New(db)
+//	err = store.Migrate(ctx)
+//	inboxStore, outboxStore := store.Inbox(), store.Outbox()
+//
+// Migrate creates the tables barewire_inbox and barewire_outbox (the prefix
+// is set with WithTablePrefix). Teams that run their own migration tool can
+// take the same SQL from MigrationSQL or from the files under migrations/.
+//
+// # Transactions
+//
+// The outbox writes in the caller's transaction, which it finds in the
+// context: put it there with WithTx. Inbox.Process does the same for the
+// handler it runs, so everything a handler writes through
+// TxFromContext(ctx) — business rows and published messages — commits
+// together with the inbox mark, or not at all.
+//
+// # Clocks
+//
+// Every lock, lease, expiry and retention is computed by the database's
+// clock (PostgreSQL now(), SQLite strftime('now')), never the application's,
+// so that instances whose clocks drift still agree. SQLite times are stored as
+// UTC text with millisecond precision.
+//
+// # Dialects
+//
+// On PostgreSQL the relay claims rows with FOR UPDATE SKIP LOCKED, so many
+// instances can relay concurrently without waiting for each other, and Add
+// sends one NOTIFY per transaction that Outbox.Listen turns into wake-ups for
+// relays in other processes. SQLite runs one writer at a time; leases keep
+// claims exclusive, and Listen only waits for its context to end (relays fall
+// back to polling).
+//
+// With SQLite, open the database with OpenSQLite, which allows a single
+// connection: SQLite admits one writer, and a single connection turns
+// SQLITE_BUSY errors into orderly waiting in the connection pool. The
+// consequence is that while Inbox.Process (or any transaction) runs, it holds
+// the only connection: a handler must do all its database work through the
+// transaction in its context (TxFromContext), never through the *gorm.DB it
+// was built with, or it waits for itself forever.
+package gormstore

@@ -1,0 +1,437 @@
+package gormstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// Outbox implements outbox.Store and outbox.Notifier on the <prefix>outbox
+// table. Obtain it from Store.Outbox.
+type Outbox struct {
+	s     *Store
+	table string
+	// channel is the PostgreSQL NOTIFY channel, named like the table.
+	channel string
+
+	claimSQL        string
+	markSQL         string
+	deleteSQL       string
+	releaseSQL      string
+	releaseCountSQL string
+	requeueSQL      string
+	cleanupSQL      string
+	statsSQL        string
+	listSQL         string
+}
+
+// outboxColumns are the columns read back into outbox.Message.
+const outboxColumns = `id, message_id, destination, routing_key, message_type, content_type, correlation_id,
+headers, payload, created_at, status, attempts, last_error, delivered_at`
+
+// insertColumns are the columns Add writes; the rest take their defaults
+// (the database clock for created_at and available_at).
+const insertColumns = `message_id, destination, routing_key, message_type, content_type, correlation_id, headers, payload`
+
+// insertParams is the number of bind parameters per inserted row.
+const insertParams = 8
+
+// maxInsertRows bounds one INSERT so that its parameters stay well inside
+// SQLite's limit (32766) and PostgreSQL's (65535).
+const maxInsertRows = 1000
+
+// maxIDsPerStatement bounds the id lists of MarkDelivered, Release and
+// Requeue for the same reason.
+const maxIDsPerStatement = 1000
+
+// maxErrorLen caps the stored last error (stack traces can be huge).
+const maxErrorLen = 4000
+
+// outboxRow is the GORM model of an outbox row, used for scans.
+type outboxRow struct {
+	ID            int64  `gorm:"column:id"`
+	MessageID     string `gorm:"column:message_id"`
+	Destination   string `gorm:"column:destination"`
+	RoutingKey    string `gorm:"column:routing_key"`
+	MessageType   string `gorm:"column:message_type"`
+	ContentType   string `gorm:"column:content_type"`
+	CorrelationID string `gorm:"column:correlation_id"`
+	Headers       string `gorm:"column:headers"`
+	Payload       []byte `gorm:"column:payload"`
+	CreatedAt     dbTime `gorm:"column:created_at"`
+	Status        string `gorm:"column:status"`
+	Attempts      int    `gorm:"column:attempts"`
+	LastError     string `gorm:"column:last_error"`
+	DeliveredAt   dbTime `gorm:"column:delivered_at"`
+}
+
+func (r *outboxRow) message() (*outbox.Message, error) {
+	m := &outbox.Message{
+		ID:            r.ID,
+		MessageID:     r.MessageID,
+		Destination:   r.Destination,
+		RoutingKey:    r.RoutingKey,
+		MessageType:   r.MessageType,
+		ContentType:   r.ContentType,
+		CorrelationID: r.CorrelationID,
+		Payload:       r.Payload,
+		CreatedAt:     r.CreatedAt.Time,
+		Status:        outbox.Status(r.Status),
+		Attempts:      r.Attempts,
+		LastError:     r.LastError,
+		DeliveredAt:   r.DeliveredAt.ptr(),
+	}
+	if m.Payload == nil {
+		m.Payload = []byte{}
+	}
+	if r.Headers != "" && r.Headers != "{}" {
+		if err := json.Unmarshal([]byte(r.Headers), &m.Headers); err != nil {
+			return nil, fmt.Errorf("gormstore: outbox row %d: bad headers: %w", r.ID, err)
+		}
+	}
+	return m, nil
+}
+
+func newOutbox(s *Store) *Outbox {
+	o := &Outbox{s: s, table: s.prefix + "outbox", channel: s.prefix + "outbox"}
+	const claimable = `status = 'pending' AND available_at <= {now} AND (locked_until IS NULL OR locked_until < {now})`
+	if s.dialect.name == DialectPostgres {
+		// SKIP LOCKED: rows another relay is claiming right now are passed
+		// over, not waited for. There is no cursor, so a row whose
+		// transaction commits late (with a lower id) is found by the next
+		// claim.
+		o.claimSQL = s.query(`WITH claimed AS (
+SELECT id FROM {outbox} WHERE ` + claimable + `
+ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)
+UPDATE {outbox} AS o SET locked_by = ?, locked_until = {now+?}
+FROM claimed WHERE o.id = claimed.id
+RETURNING ` + prefixColumns("o.", outboxColumns))
+		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
+SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
+LIMIT ? FOR UPDATE SKIP LOCKED)`)
+	} else {
+		// SQLite runs one writer at a time, so a single UPDATE is already
+		// exclusive; the lease protects rows between claim and mark.
+		o.claimSQL = s.query(`UPDATE {outbox} SET locked_by = ?, locked_until = {now+?}
+WHERE id IN (SELECT id FROM {outbox} WHERE ` + claimable + ` ORDER BY id LIMIT ?)
+RETURNING ` + outboxColumns)
+		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
+SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
+LIMIT ?)`)
+	}
+	const leased = `id IN ? AND locked_by = ? AND status = 'pending'`
+	o.markSQL = s.query(`UPDATE {outbox} SET status = 'delivered', delivered_at = {now}, locked_by = NULL, locked_until = NULL
+WHERE ` + leased)
+	o.deleteSQL = s.query(`DELETE FROM {outbox} WHERE ` + leased)
+	o.releaseSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL WHERE ` + leased)
+	// SET expressions see the row's old values, so attempts + 1 is the new
+	// count in both the CASE and the assignment.
+	o.releaseCountSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL,
+attempts = attempts + 1, last_error = ?, available_at = {now+?},
+status = CASE WHEN ? > 0 AND attempts + 1 >= ? THEN 'parked' ELSE 'pending' END
+WHERE ` + leased)
+	o.requeueSQL = s.query(`UPDATE {outbox} SET status = 'pending', attempts = 0, available_at = {now},
+locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
+	o.statsSQL = s.query(`SELECT
+(SELECT COUNT(*) FROM {outbox} WHERE status = 'pending') AS pending,
+(SELECT COUNT(*) FROM {outbox} WHERE status = 'parked') AS parked,
+(SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
+(SELECT MIN(created_at) FROM {outbox} WHERE status = 'pending') AS oldest_pending`)
+	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
+	return o
+}
+
+func prefixColumns(prefix, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = prefix + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Add implements outbox.Store. It inserts msgs with one multi-row INSERT
+// (split only past 1000 rows) in the transaction carried by ctx (see
+// WithTx), sets each message's ID, CreatedAt and Status, and on PostgreSQL
+// queues a NOTIFY on the "<prefix>outbox" channel, which PostgreSQL delivers
+// once per transaction and only at commit.
+func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTransaction
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	for i, m := range msgs {
+		switch {
+		case m == nil:
+			return fmt.Errorf("gormstore: outbox add: message %d is nil", i)
+		case m.MessageID == "":
+			return fmt.Errorf("gormstore: outbox add: message %d has no MessageID", i)
+		case m.Destination == "":
+			return fmt.Errorf("gormstore: outbox add: message %s has no Destination", m.MessageID)
+		}
+	}
+	tx = tx.WithContext(ctx)
+	for _, part := range chunk(msgs, maxInsertRows) {
+		if err := o.insert(tx, part); err != nil {
+			return err
+		}
+	}
+	if o.s.dialect.name == DialectPostgres {
+		if err := tx.Exec("SELECT 1 WHERE ? <> ''", o.channel).Error; err != nil {
+			return fmt.Errorf("gormstore: outbox notify: %w", err)
+		}
+	}
+	return nil
+}
+
+// insertedRow is what Add reads back from its INSERT.
+type insertedRow struct {
+	ID        int64  `gorm:"column:id"`
+	CreatedAt dbTime `gorm:"column:created_at"`
+}
+
+func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message) error {
+	var sql strings.Builder
+	sql.WriteString("INSERT INTO ")
+	sql.WriteString(o.table)
+	sql.WriteString(" (" + insertColumns + ") VALUES ")
+	args := make([]any, 0, len(msgs)*insertParams)
+	for i, m := range msgs {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+		headers := "{}"
+		if len(m.Headers) > 0 {
+			b, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("gormstore: outbox add %s: headers: %w", m.MessageID, err)
+			}
+			headers = string(b)
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{} // the column is NOT NULL
+		}
+		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload)
+	}
+	sql.WriteString(" RETURNING id, created_at")
+
+	var rows []insertedRow
+	if err := tx.Raw(sql.String(), args...).Scan(&rows).Error; err != nil {
+		return fmt.Errorf("gormstore: outbox add: %w", err)
+	}
+	if len(rows) != len(msgs) {
+		return fmt.Errorf("gormstore: outbox add: inserted %d rows, got %d ids back", len(msgs), len(rows))
+	}
+	// Ids are drawn in VALUES order; sorting makes the pairing independent
+	// of the order RETURNING happens to use.
+	slices.SortFunc(rows, func(a, b insertedRow) int { return cmp.Compare(a.ID, b.ID) })
+	for i, m := range msgs {
+		m.ID = rows[i].ID
+		m.CreatedAt = rows[i].CreatedAt.Time
+		m.Status = outbox.StatusPending
+		m.Attempts = 0
+		m.LastError = ""
+		m.DeliveredAt = nil
+	}
+	return nil
+}
+
+// Claim implements outbox.Store: up to limit claimable rows, lowest id
+// first, leased to owner.
+func (o *Outbox) Claim(ctx context.Context, owner string, limit int, lease time.Duration) ([]*outbox.Message, error) {
+	if owner == "" {
+		return nil, errors.New("gormstore: outbox claim: owner must not be empty")
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("gormstore: outbox claim: limit must be positive, got %d", limit)
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("gormstore: outbox claim: lease must be positive, got %v", lease)
+	}
+	var args []any
+	if o.s.dialect.name == DialectPostgres {
+		args = []any{limit, owner, o.s.dialect.shift(lease)}
+	} else {
+		args = []any{owner, o.s.dialect.shift(lease), limit}
+	}
+	var rows []outboxRow
+	if err := o.s.db.WithContext(ctx).Raw(o.claimSQL, args...).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: outbox claim: %w", err)
+	}
+	return toMessages(rows, true)
+}
+
+func toMessages(rows []outboxRow, sortByID bool) ([]*outbox.Message, error) {
+	if sortByID {
+		// RETURNING has no defined order.
+		slices.SortFunc(rows, func(a, b outboxRow) int { return cmp.Compare(a.ID, b.ID) })
+	}
+	msgs := make([]*outbox.Message, len(rows))
+	for i := range rows {
+		m, err := rows[i].message()
+		if err != nil {
+			return nil, err
+		}
+		msgs[i] = m
+	}
+	return msgs, nil
+}
+
+// MarkDelivered implements outbox.Store. Only rows still pending and leased
+// by owner change; rows whose lease expired and were claimed by another
+// relay are left to it.
+func (o *Outbox) MarkDelivered(ctx context.Context, owner string, ids []int64, del bool) (int, error) {
+	query := o.markSQL
+	if del {
+		query = o.deleteSQL
+	}
+	n, err := o.execIDs(ctx, ids, func(tx *gorm.DB, part []int64) *gorm.DB {
+		return tx.Exec(query, part, owner)
+	})
+	if err != nil {
+		return n, fmt.Errorf("gormstore: outbox mark delivered: %w", err)
+	}
+	return n, nil
+}
+
+// Release implements outbox.Store. maxAttempts <= 0 never parks.
+func (o *Outbox) Release(ctx context.Context, owner string, ids []int64, lastErr string, countAttempt bool, retryAfter time.Duration, maxAttempts int) error {
+	var do func(tx *gorm.DB, part []int64) *gorm.DB
+	if countAttempt {
+		lastErr = sanitizeError(lastErr)
+		after := o.s.dialect.shift(max(retryAfter, 0))
+		do = func(tx *gorm.DB, part []int64) *gorm.DB {
+			return tx.Exec(o.releaseCountSQL, lastErr, after, maxAttempts, maxAttempts, part, owner)
+		}
+	} else {
+		do = func(tx *gorm.DB, part []int64) *gorm.DB {
+			return tx.Exec(o.releaseSQL, part, owner)
+		}
+	}
+	if _, err := o.execIDs(ctx, ids, do); err != nil {
+		return fmt.Errorf("gormstore: outbox release: %w", err)
+	}
+	return nil
+}
+
+// Requeue implements outbox.Store.
+func (o *Outbox) Requeue(ctx context.Context, ids []int64) (int, error) {
+	if len(ids) == 0 {
+		res := o.s.db.WithContext(ctx).Exec(o.requeueSQL)
+		if res.Error != nil {
+			return 0, fmt.Errorf("gormstore: outbox requeue: %w", res.Error)
+		}
+		return int(res.RowsAffected), nil
+	}
+	n, err := o.execIDs(ctx, ids, func(tx *gorm.DB, part []int64) *gorm.DB {
+		return tx.Exec(o.requeueSQL+" AND id IN ?", part)
+	})
+	if err != nil {
+		return n, fmt.Errorf("gormstore: outbox requeue: %w", err)
+	}
+	return n, nil
+}
+
+// execIDs runs one statement per chunk of ids, all in one transaction, and
+// sums the rows affected.
+func (o *Outbox) execIDs(ctx context.Context, ids []int64, do func(tx *gorm.DB, part []int64) *gorm.DB) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	parts := chunk(ids, maxIDsPerStatement)
+	if len(parts) == 1 {
+		res := do(o.s.db.WithContext(ctx), parts[0])
+		return int(res.RowsAffected), res.Error
+	}
+	var n int
+	err := o.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		n = 0
+		for _, part := range parts {
+			res := do(tx, part)
+			if res.Error != nil {
+				return res.Error
+			}
+			n += int(res.RowsAffected)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// sanitizeError makes an error text storable: PostgreSQL text rejects NUL
+// bytes and invalid UTF-8, and huge texts only bloat the table.
+func sanitizeError(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) > maxErrorLen {
+		s = strings.ToValidUTF8(s[:maxErrorLen], "") + "…"
+	}
+	return s
+}
+
+// Cleanup implements outbox.Store.
+func (o *Outbox) Cleanup(ctx context.Context, retention time.Duration, batch int) (int, error) {
+	if batch <= 0 {
+		return 0, fmt.Errorf("gormstore: outbox cleanup batch must be positive, got %d", batch)
+	}
+	res := o.s.db.WithContext(ctx).Exec(o.cleanupSQL, o.s.dialect.shift(-retention), batch)
+	if res.Error != nil {
+		return 0, fmt.Errorf("gormstore: outbox cleanup: %w", res.Error)
+	}
+	return int(res.RowsAffected), nil
+}
+
+// Stats implements outbox.Store.
+func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
+	var st struct {
+		Pending       int64  `gorm:"column:pending"`
+		Parked        int64  `gorm:"column:parked"`
+		Delivered     int64  `gorm:"column:delivered"`
+		OldestPending dbTime `gorm:"column:oldest_pending"`
+	}
+	if err := o.s.db.WithContext(ctx).Raw(o.statsSQL).Scan(&st).Error; err != nil {
+		return outbox.Stats{}, fmt.Errorf("gormstore: outbox stats: %w", err)
+	}
+	return outbox.Stats{
+		Pending:       st.Pending,
+		Parked:        st.Parked,
+		Delivered:     st.Delivered,
+		OldestPending: st.OldestPending.Time,
+	}, nil
+}
+
+// List implements outbox.Store: oldest (lowest id) first.
+func (o *Outbox) List(ctx context.Context, q outbox.Query) ([]*outbox.Message, error) {
+	sql := o.listSQL + " WHERE id > ?"
+	args := []any{q.AfterID}
+	if q.Status != "" {
+		sql += " AND status = ?"
+		args = append(args, string(q.Status))
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	sql += " ORDER BY id LIMIT ?"
+	args = append(args, limit)
+	var rows []outboxRow
+	if err := o.s.db.WithContext(ctx).Raw(sql, args...).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: outbox list: %w", err)
+	}
+	return toMessages(rows, false)
+}

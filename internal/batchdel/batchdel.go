@@ -1,0 +1,53 @@
+// Package batchdel runs the bounded, repeated delete passes that the inbox
+// and outbox cleanup loops share.
+package batchdel
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Func deletes at most batch rows and returns how many it deleted.
+type Func func(ctx context.Context, batch int) (int, error)
+
+// Once calls del until a batch comes back short and returns the total.
+func Once(ctx context.Context, batch int, del Func) (int, error) {
+	if batch <= 0 {
+		batch = 1000
+	}
+	total := 0
+	for {
+		n, err := del(ctx, batch)
+		total += n
+		if err != nil || n < batch {
+			return total, err
+		}
+		if ctx.Err() != nil {
+			return total, ctx.Err()
+		}
+	}
+}
+
+// Loop runs Once every interval until ctx is done, logging failures as
+// warnings under what ("inbox cleanup", ...).
+func Loop(ctx context.Context, interval time.Duration, batch int, del Func, log *slog.Logger, what string) {
+	if log == nil {
+		log = slog.Default()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n, err := Once(ctx, batch, del)
+			if err != nil && ctx.Err() == nil {
+				log.WarnContext(ctx, what+" failed; retrying next interval", "error", err, "deleted", n)
+			} else if n > 0 {
+				log.DebugContext(ctx, what, "deleted", n)
+			}
+		}
+	}
+}

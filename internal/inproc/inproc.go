@@ -1,0 +1,278 @@
+// Package inproc is the embedded in-process transport: one FIFO queue per
+// endpoint with competing consumers, an exchange per message type bound to
+// the queues of the endpoints that consume it, and redelivery on nack. It
+// keeps messages in memory only: it is for development, tests and
+// single-process tools, where the outbox still guarantees that nothing is
+// published unless its transaction commits.
+package inproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+var _ transport.Transport = (*Transport)(nil)
+
+// ErrNoQueue is returned by Deliver for a send to a queue nobody declared.
+var ErrNoQueue = errors.New("inproc: no such queue")
+
+// Transport is the in-process transport.
+type Transport struct {
+	mu       sync.Mutex
+	queues   map[string]*queue
+	bindings map[string][]string // exchange → queues
+	closed   bool
+	wg       sync.WaitGroup
+	done     chan struct{}
+}
+
+// New returns an empty transport.
+func New() *Transport {
+	return &Transport{queues: map[string]*queue{}, bindings: map[string][]string{}, done: make(chan struct{})}
+}
+
+type item struct {
+	id       string
+	headers  map[string]string
+	payload  []byte
+	attempts int
+}
+
+type queue struct {
+	mu    sync.Mutex
+	items []*item
+	ready chan struct{} // signalled when items are added
+}
+
+func newQueue() *queue { return &queue{ready: make(chan struct{}, 1)} }
+
+func (q *queue) push(it *item) {
+	q.mu.Lock()
+	q.items = append(q.items, it)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue) pop() *item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return nil
+	}
+	it := q.items[0]
+	q.items[0] = nil
+	q.items = q.items[1:]
+	if len(q.items) > 0 {
+		// Let another waiting consumer pick up the next one.
+		select {
+		case q.ready <- struct{}{}:
+		default:
+		}
+	}
+	return it
+}
+
+// Len returns how many messages wait in queue name (for tests and samples).
+func (t *Transport) Len(name string) int {
+	t.mu.Lock()
+	q := t.queues[name]
+	t.mu.Unlock()
+	if q == nil {
+		return 0
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
+func (t *Transport) queue(name string) *queue {
+	q := t.queues[name]
+	if q == nil {
+		q = newQueue()
+		t.queues[name] = q
+	}
+	return q
+}
+
+func (t *Transport) bind(exchange, q string) {
+	for _, b := range t.bindings[exchange] {
+		if b == q {
+			return
+		}
+	}
+	t.bindings[exchange] = append(t.bindings[exchange], q)
+}
+
+// Start declares each endpoint's queue, error queue and type bindings.
+func (t *Transport) Start(_ context.Context, eps []*endpoint.Endpoint) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ep := range eps {
+		t.queue(ep.Name())
+		t.queue(ep.ErrorQueue)
+		for _, typ := range ep.MessageTypes() {
+			t.bind(typ, ep.Name())
+		}
+		for _, b := range ep.Bindings {
+			t.bind(b.Exchange, ep.Name())
+		}
+	}
+	return nil
+}
+
+// Deliver routes each message; a send to an unknown queue fails.
+func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		for i := range errs {
+			errs[i] = fmt.Errorf("inproc: closed: %w", outbox.ErrTransportUnavailable)
+		}
+		return errs
+	}
+	for i, m := range msgs {
+		kind, name := wire.ParseDestination(m.Destination)
+		var targets []string
+		if kind == "exchange" {
+			targets = t.bindings[name]
+		} else {
+			if _, ok := t.queues[name]; !ok {
+				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
+				continue
+			}
+			targets = []string{name}
+		}
+		h := headersOf(m)
+		for _, qn := range targets {
+			t.queues[qn].push(&item{id: m.MessageID, headers: maps.Clone(h), payload: m.Payload})
+		}
+	}
+	return errs
+}
+
+func headersOf(m *outbox.Message) map[string]string {
+	h := make(map[string]string, len(m.Headers)+4)
+	maps.Copy(h, m.Headers)
+	set := func(k, v string) {
+		if v != "" {
+			h[k] = v
+		}
+	}
+	set(wire.HeaderMessageID, m.MessageID)
+	set(wire.HeaderMessageType, m.MessageType)
+	set(wire.HeaderContentType, m.ContentType)
+	set(wire.HeaderCorrelationID, m.CorrelationID)
+	set(wire.HeaderDestination, m.Destination)
+	return h
+}
+
+// Subscriber returns the transport itself.
+func (t *Transport) Subscriber() message.Subscriber { return (*subscriber)(t) }
+
+// Health is always nil: the transport lives in the process.
+func (t *Transport) Health(context.Context) error { return nil }
+
+// Close stops all subscriptions; messages still queued are dropped.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if !t.closed {
+		t.closed = true
+		close(t.done)
+	}
+	t.mu.Unlock()
+	t.wg.Wait()
+	return nil
+}
+
+type subscriber Transport
+
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	t := (*Transport)(s)
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, errors.New("inproc: transport closed")
+	}
+	q := t.queue(topic)
+	t.wg.Add(1)
+	t.mu.Unlock()
+	out := make(chan *message.Message)
+	go func() {
+		defer t.wg.Done()
+		defer close(out)
+		for {
+			it := q.pop()
+			if it == nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.done:
+					return
+				case <-q.ready:
+					continue
+				}
+			}
+			if !t.deliver(ctx, q, it, out) {
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// deliver hands one message to the consumer and waits for its verdict. It
+// returns false when the subscription must stop (the message is requeued).
+func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- *message.Message) bool {
+	it.attempts++
+	msg := message.NewMessage(it.id, it.payload)
+	for k, v := range it.headers {
+		msg.Metadata.Set(k, v)
+	}
+	if it.attempts > 1 {
+		msg.Metadata.Set(transport.MetaRedelivered, "true")
+	}
+	msg.Metadata.Set(transport.MetaDeliveryCount, strconv.Itoa(it.attempts-1))
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		it.attempts--
+		q.push(it)
+		return false
+	case <-t.done:
+		return false
+	}
+	select {
+	case <-msg.Acked():
+		return true
+	case <-msg.Nacked():
+		q.push(it)
+		return true
+	case <-ctx.Done():
+	case <-t.done:
+	}
+	// Stopped mid-flight: wait for the handler's verdict so the message
+	// is neither lost nor handled twice at once.
+	select {
+	case <-msg.Acked():
+	case <-msg.Nacked():
+		q.push(it)
+	}
+	return false
+}
+
+func (s *subscriber) Close() error { return nil }

@@ -1,0 +1,416 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// publisher is one confirm-mode channel. Publishes are serialized on it;
+// confirms and returns are handled by one goroutine (run), which sees a
+// basic.return before the basic.ack of the same message because amqp091
+// hands both over, in frame order, from its single reader goroutine and the
+// return channel is unbuffered.
+type publisher struct {
+	t   *Transport
+	ch  *amqp.Channel
+	mu  sync.Mutex    // serializes publishing on ch
+	sem chan struct{} // one slot per unconfirmed publish
+
+	pmu     sync.Mutex
+	pending map[uint64]*pending // by delivery tag
+	dead    bool
+	deadErr error
+	done    chan struct{} // closed once the channel is gone
+}
+
+// pending is one published message awaiting its confirm.
+type pending struct {
+	tag       uint64
+	exchange  string
+	key       string
+	messageID string
+	returned  *amqp.Return
+	err       error
+	done      chan struct{}
+}
+
+// getPublisher returns the current publisher channel, opening one when
+// needed. It never waits for a reconnect.
+func (t *Transport) getPublisher() (*publisher, error) {
+	t.pubMu.Lock()
+	defer t.pubMu.Unlock()
+	if t.pubClosed {
+		return nil, fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
+	}
+	if p := t.pub; p != nil {
+		select {
+		case <-p.done:
+		default:
+			if !p.ch.IsClosed() {
+				return p, nil
+			}
+		}
+	}
+	t.pub = nil
+	conn, err := t.currentConn()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", outbox.ErrTransportUnavailable, t.secret.scrubErr(err))
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("%w: rabbitmq: enable publisher confirms: %w", outbox.ErrTransportUnavailable, t.secret.scrubErr(err))
+	}
+	p := &publisher{
+		t:       t,
+		ch:      ch,
+		sem:     make(chan struct{}, t.cfg.MaxPendingPublishes),
+		pending: map[uint64]*pending{},
+		done:    make(chan struct{}),
+	}
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
+	returns := ch.NotifyReturn(make(chan amqp.Return)) // unbuffered: see publisher
+	t.pubWG.Add(1)
+	go p.run(confirms, returns, closes)
+	t.pub = p
+	return p, nil
+}
+
+func (p *publisher) run(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+	defer p.t.pubWG.Done()
+	for confirms != nil || returns != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			p.onReturn(r)
+		case c, ok := <-confirms:
+			if !ok {
+				confirms = nil
+				continue
+			}
+			p.onConfirm(c)
+		}
+	}
+	var reason error = amqp.ErrClosed
+	select {
+	case e, ok := <-closes:
+		if ok && e != nil {
+			reason = e
+		}
+	default:
+	}
+	p.fail(reason)
+}
+
+// take removes the pending entry of tag and frees its slot. Whoever removes
+// an entry frees its slot, exactly once.
+func (p *publisher) take(tag uint64) *pending {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	pp := p.pending[tag]
+	if pp != nil {
+		delete(p.pending, tag)
+		<-p.sem
+	}
+	return pp
+}
+
+func (p *publisher) onConfirm(c amqp.Confirmation) {
+	pp := p.take(c.DeliveryTag)
+	if pp == nil {
+		return
+	}
+	switch {
+	case !c.Ack:
+		pp.err = fmt.Errorf("rabbitmq: broker rejected (nacked) message %q to exchange %q with routing key %q", pp.messageID, pp.exchange, pp.key)
+	case pp.returned != nil:
+		pp.err = &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
+			Code: pp.returned.ReplyCode, Text: pp.returned.ReplyText}
+	}
+	close(pp.done)
+}
+
+// onReturn marks the oldest unconfirmed publish that matches the returned
+// message; the confirm that follows turns it into an error.
+func (p *publisher) onReturn(r amqp.Return) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	var match *pending
+	for _, pp := range p.pending {
+		if pp.returned == nil && pp.exchange == r.Exchange && pp.key == r.RoutingKey && pp.messageID == r.MessageId &&
+			(match == nil || pp.tag < match.tag) {
+			match = pp
+		}
+	}
+	if match != nil {
+		match.returned = &r
+		return
+	}
+	p.t.log.Warn("rabbitmq returned a message that matches no pending publish",
+		slog.String("message_id", r.MessageId), slog.String("exchange", r.Exchange),
+		slog.String("routing_key", r.RoutingKey), slog.String("reason", r.ReplyText))
+}
+
+// fail ends the publisher when its channel is gone. Unconfirmed publishes
+// fail as unavailable when the connection was lost (the broker did not judge
+// them; the outbox retries without counting an attempt), and as plain errors
+// when the broker closed the channel over a refused publish.
+func (p *publisher) fail(reason error) {
+	p.pmu.Lock()
+	p.dead = true
+	p.deadErr = reason
+	var failed []*pending
+	for tag, pp := range p.pending {
+		delete(p.pending, tag)
+		<-p.sem
+		failed = append(failed, pp)
+	}
+	p.pmu.Unlock()
+	var aerr *amqp.Error
+	refused := errors.As(reason, &aerr) && aerr.Server && isChannelException(aerr.Code)
+	for _, pp := range failed {
+		if refused {
+			// The broker closed the channel over a publish it refused: the
+			// messages were judged, so the error counts as an attempt (a
+			// message the broker always refuses ends up parked instead of
+			// being retried forever).
+			pp.err = fmt.Errorf("rabbitmq: broker closed the publish channel before confirming message %q: %w",
+				pp.messageID, p.t.secret.scrubErr(reason))
+		} else {
+			pp.err = fmt.Errorf("%w: rabbitmq: connection lost before the broker confirmed message %q: %w",
+				outbox.ErrTransportUnavailable, pp.messageID, p.t.secret.scrubErr(reason))
+		}
+		close(pp.done)
+	}
+	close(p.done)
+
+	t := p.t
+	t.pubMu.Lock()
+	if t.pub == p {
+		t.pub = nil
+	}
+	t.pubMu.Unlock()
+	if refused {
+		// The broker closed the channel over one publish (NOT_FOUND: an
+		// exchange was deleted under us, ...): forget the exchanges we
+		// believed exist so that they get declared again.
+		t.forgetExchanges()
+		t.log.Warn("rabbitmq publish channel closed by the broker", slog.String("error", t.secret.scrub(reason.Error())))
+	}
+}
+
+// isChannelException reports whether code closes a channel rather than the
+// connection.
+func isChannelException(code int) bool {
+	switch code {
+	case amqp.ContentTooLarge, amqp.NoRoute, amqp.NoConsumers, amqp.AccessRefused, amqp.NotFound, amqp.ResourceLocked, amqp.PreconditionFailed:
+		return true
+	}
+	return false
+}
+
+// ReturnedError is the error of a mandatory publish that the broker returned
+// because no queue received it.
+type ReturnedError struct {
+	MessageID  string
+	Exchange   string
+	RoutingKey string
+	Code       uint16
+	Text       string
+}
+
+func (e *ReturnedError) Error() string {
+	dest := fmt.Sprintf("exchange %q with routing key %q", e.Exchange, e.RoutingKey)
+	if e.Exchange == "" {
+		dest = fmt.Sprintf("queue %q (no such queue?)", e.RoutingKey)
+	}
+	return fmt.Sprintf("rabbitmq: message %q to %s was returned unroutable: %d %s", e.MessageID, dest, e.Code, e.Text)
+}
+
+// job is one message ready to publish.
+type job struct {
+	i         int
+	exchange  string
+	key       string
+	mandatory bool
+	pub       amqp.Publishing
+	wait      *pending
+}
+
+// Deliver publishes msgs on the confirm-mode channel, all of them before
+// waiting for any confirm, and returns one error per message in order: nil
+// means the broker confirmed it. "exchange:X" goes to exchange X (declared as
+// a durable fanout exchange on first use if it does not exist) with the
+// message's routing key; "queue:Q" goes to queue Q through the default
+// exchange as a mandatory publish, so a missing queue is an error. Errors
+// wrapping outbox.ErrTransportUnavailable mean the broker did not judge the
+// message.
+func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	if len(msgs) == 0 {
+		return errs
+	}
+	failAll := func(err error) []error {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	if err := ctx.Err(); err != nil {
+		return failAll(fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, err))
+	}
+	if reason := t.blocked.Load(); reason != nil {
+		return failAll(fmt.Errorf("%w: rabbitmq: broker blocks publishing: %s", outbox.ErrTransportUnavailable, *reason))
+	}
+	p, err := t.getPublisher()
+	if err != nil {
+		return failAll(err)
+	}
+
+	now := time.Now()
+	jobs := make([]*job, 0, len(msgs))
+	for i, m := range msgs {
+		if m == nil {
+			errs[i] = errors.New("rabbitmq: nil message")
+			continue
+		}
+		kind, name := wire.ParseDestination(m.Destination)
+		j := &job{i: i, pub: toPublishing(m, now)}
+		switch {
+		case name == "":
+			errs[i] = fmt.Errorf("rabbitmq: message %q has no destination (want exchange:<name> or queue:<name>)", m.MessageID)
+			continue
+		case kind == "exchange":
+			if err := t.ensureExchange(name); err != nil {
+				errs[i] = fmt.Errorf("rabbitmq: message %q: %w", m.MessageID, err)
+				continue
+			}
+			j.exchange, j.key, j.mandatory = name, m.RoutingKey, t.cfg.Mandatory
+		default:
+			j.exchange, j.key, j.mandatory = "", name, true
+		}
+		jobs = append(jobs, j)
+	}
+
+	// The confirm wait is bounded by PublishTimeout, counted from the moment
+	// the batch starts publishing.
+	wctx, cancel := context.WithTimeout(ctx, t.cfg.PublishTimeout)
+	defer cancel()
+	p.publishAll(wctx, jobs, errs)
+
+	for _, j := range jobs {
+		if j.wait == nil {
+			continue
+		}
+		select {
+		case <-j.wait.done:
+			errs[j.i] = j.wait.err
+		case <-wctx.Done():
+			errs[j.i] = t.waitErr(ctx, j)
+		}
+	}
+	return errs
+}
+
+func (t *Transport) waitErr(ctx context.Context, j *job) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: rabbitmq: gave up waiting for the confirm of message %q: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, err)
+	}
+	return fmt.Errorf("%w: rabbitmq: no confirm for message %q within publish timeout %v", outbox.ErrTransportUnavailable, j.pub.MessageId, t.cfg.PublishTimeout)
+}
+
+// publishAll publishes every job, waiting for a free slot whenever
+// MaxPendingPublishes publishes are unconfirmed.
+func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n, j := range jobs {
+		select {
+		case p.sem <- struct{}{}:
+		case <-p.done:
+			for _, rest := range jobs[n:] {
+				errs[rest.i] = p.deadError(rest)
+			}
+			return
+		case <-ctx.Done():
+			for _, rest := range jobs[n:] {
+				errs[rest.i] = p.t.waitErr(ctx, rest)
+			}
+			return
+		}
+		tag := p.ch.GetNextPublishSeqNo()
+		pp := &pending{tag: tag, exchange: j.exchange, key: j.key, messageID: j.pub.MessageId, done: make(chan struct{})}
+		p.pmu.Lock()
+		if p.dead {
+			<-p.sem
+			p.pmu.Unlock()
+			errs[j.i] = p.deadError(j)
+			continue
+		}
+		p.pending[tag] = pp
+		p.pmu.Unlock()
+
+		dc, err := p.ch.PublishWithDeferredConfirm(j.exchange, j.key, j.mandatory, false, j.pub)
+		if err != nil {
+			if p.take(tag) != nil {
+				close(pp.done)
+			}
+			errs[j.i] = fmt.Errorf("%w: rabbitmq: publish message %q: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, p.t.secret.scrubErr(err))
+			continue
+		}
+		if dc != nil && dc.DeliveryTag != tag {
+			// Cannot happen while every publish on ch goes through p.mu.
+			p.t.log.Error("rabbitmq publish sequence mismatch", slog.Uint64("expected", tag), slog.Uint64("got", dc.DeliveryTag))
+		}
+		j.wait = pp
+	}
+}
+
+func (p *publisher) deadError(j *job) error {
+	p.pmu.Lock()
+	reason := p.deadErr
+	p.pmu.Unlock()
+	if reason == nil {
+		reason = amqp.ErrClosed
+	}
+	return fmt.Errorf("%w: rabbitmq: publish channel closed, message %q not sent: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, p.t.secret.scrubErr(reason))
+}
+
+// ensureExchange makes sure exchange name exists before publishing to it:
+// an existing exchange is used whatever its kind; a missing one is declared
+// as a durable fanout exchange (so publishing a message type nobody consumes
+// yet is not an error). Known exchanges are cached per connection.
+func (t *Transport) ensureExchange(name string) error {
+	if t.knownExchange(name) {
+		return nil
+	}
+	conn, err := t.currentConn()
+	if err != nil {
+		return err
+	}
+	d := &declarer{t: t, conn: conn}
+	d.ensureExchange(name)
+	d.close()
+	if len(d.errs) > 0 {
+		return d.errs[0]
+	}
+	return nil
+}

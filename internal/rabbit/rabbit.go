@@ -1,0 +1,591 @@
+// Package rabbit is the RabbitMQ transport: one AMQP connection per bus with
+// automatic reconnect, topology declared at start and after every reconnect,
+// a pipelined confirm-mode publisher for the outbox relay and a subscriber
+// whose every Subscribe call is one competing consumer of an endpoint's queue.
+//
+// It is written directly on github.com/rabbitmq/amqp091-go: watermill-amqp's
+// publisher waits for each confirm in turn, its first dial is not retried and
+// its subscriber always requeues, so the few pieces it would contribute are
+// simpler to own here.
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+var _ transport.Transport = (*Transport)(nil)
+
+// errClosed is returned by operations on a closed transport.
+var errClosed = errors.New("rabbitmq: transport is closed")
+
+// dialTimeout bounds one TCP + TLS + AMQP handshake attempt.
+const dialTimeout = 15 * time.Second
+
+// Transport is the RabbitMQ transport. Create it with New, then Start it.
+type Transport struct {
+	url    string
+	secret secret
+	cfg    endpoint.RabbitMQ
+	log    *slog.Logger
+
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // supervisor and subscriptions
+
+	mu        sync.Mutex
+	conn      *amqp.Connection // nil while disconnected
+	ready     chan struct{}    // closed while conn is usable
+	started   bool
+	closed    bool
+	endpoints []*endpoint.Endpoint
+	byName    map[string]*endpoint.Endpoint
+	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
+
+	exMu      sync.Mutex
+	exchanges map[string]bool // exchanges known to exist on the current connection
+
+	pubMu     sync.Mutex
+	pub       *publisher
+	pubClosed bool
+	pubWG     sync.WaitGroup // publisher confirm handlers
+}
+
+// New returns an unstarted transport for url (amqp:// or amqps://). It does
+// no I/O. cfg may be nil (all defaults); it is copied, and its zero settings
+// get their documented defaults.
+func New(rawURL string, cfg *endpoint.RabbitMQ, logger *slog.Logger) (*Transport, error) {
+	sec, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	var c endpoint.RabbitMQ
+	if cfg != nil {
+		c = *cfg
+	}
+	if errs := c.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Transport{
+		url:       rawURL,
+		secret:    sec,
+		cfg:       c,
+		log:       logger.With(slog.String("transport", "rabbitmq")),
+		ctx:       ctx,
+		cancel:    cancel,
+		ready:     make(chan struct{}),
+		byName:    map[string]*endpoint.Endpoint{},
+		exchanges: map[string]bool{},
+	}, nil
+}
+
+// secret knows how to hide the credentials of one URL.
+type secret struct {
+	redacted string // the URL with its password replaced by xxxxx
+	replace  []string
+}
+
+// scrub removes the URL's password from s.
+func (s secret) scrub(str string) string {
+	if len(s.replace) == 0 {
+		return str
+	}
+	return strings.NewReplacer(s.replace...).Replace(str)
+}
+
+// scrubErr returns err with the password removed from its text; errors.Is
+// and errors.As still see the original chain.
+func (s secret) scrubErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if clean := s.scrub(msg); clean != msg {
+		return &scrubbedError{msg: clean, err: err}
+	}
+	return err
+}
+
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
+
+// parseURL validates an AMQP URL without ever printing its password.
+func parseURL(raw string) (secret, error) {
+	scheme, _, ok := strings.Cut(raw, "://")
+	fallback := redactLoosely(raw)
+	if !ok {
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: want amqp://user:password@host:port/vhost or amqps://...", fallback)
+	}
+	switch strings.ToLower(scheme) {
+	case "amqp", "amqps":
+	default:
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: scheme %q is not amqp or amqps", fallback, scheme)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse quotes the whole URL in its error: never show it.
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: cannot parse it (check the port, and percent-encode reserved characters in the user name and password)", fallback)
+	}
+	sec := secret{redacted: u.Redacted()}
+	if u.User != nil {
+		if pw, has := u.User.Password(); has && pw != "" {
+			sec.replace = append(sec.replace, raw, sec.redacted)
+			user := u.User.Username()
+			sec.replace = append(sec.replace,
+				u.User.String(), url.UserPassword(user, "xxxxx").String(),
+				user+":"+pw, user+":xxxxx",
+			)
+			if len(pw) >= 4 {
+				sec.replace = append(sec.replace, pw, "xxxxx")
+				if esc := url.QueryEscape(pw); esc != pw {
+					sec.replace = append(sec.replace, esc, "xxxxx")
+				}
+			}
+		}
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: no host", sec.redacted)
+	}
+	if _, err := amqp.ParseURI(raw); err != nil {
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: %s", sec.redacted, sec.scrub(err.Error()))
+	}
+	return sec, nil
+}
+
+// redactLoosely hides everything between "://" and the last "@" of a string
+// that may not parse as a URL.
+func redactLoosely(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		if i := strings.LastIndex(raw, "@"); i >= 0 {
+			return "xxxxx" + raw[i:]
+		}
+		return raw
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		return scheme + "://xxxxx" + rest[i:]
+	}
+	return raw
+}
+
+// URL returns the broker URL with its password redacted.
+func (t *Transport) URL() string { return t.secret.redacted }
+
+// Start connects, retrying a broker that is down with exponential backoff
+// for up to cfg.ConnectTimeout, declares the topology the endpoints need and
+// starts the reconnect supervisor. It may be called again after it failed.
+func (t *Transport) Start(ctx context.Context, endpoints []*endpoint.Endpoint) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return errClosed
+	}
+	if t.started {
+		t.mu.Unlock()
+		return errors.New("rabbitmq: transport already started")
+	}
+	t.started = true
+	t.endpoints = t.endpoints[:0]
+	t.byName = make(map[string]*endpoint.Endpoint, len(endpoints))
+	for _, ep := range endpoints {
+		if ep != nil {
+			t.endpoints = append(t.endpoints, ep)
+			t.byName[ep.Name()] = ep
+		}
+	}
+	t.mu.Unlock()
+
+	fail := func(err error) error {
+		t.mu.Lock()
+		t.started = false
+		t.mu.Unlock()
+		return err
+	}
+
+	conn, notes, err := t.connectWithRetry(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if err := t.declareTopology(conn); err != nil {
+		_ = conn.Close()
+		return fail(err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		_ = conn.Close()
+		return errClosed
+	}
+	t.setUpLocked(conn)
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go t.supervise(conn, notes)
+	t.log.Info("rabbitmq connected", slog.String("url", t.secret.redacted), slog.Int("endpoints", len(endpoints)))
+	return nil
+}
+
+// connNotes are the notification channels registered on one connection.
+type connNotes struct {
+	closed  chan *amqp.Error
+	blocked chan amqp.Blocking
+}
+
+// connectWithRetry dials until it succeeds, the connect timeout expires, ctx
+// is done or the transport is closed. Attempts are spaced by exponential
+// backoff; the last one is made just before the deadline.
+func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, connNotes, error) {
+	timeout := t.cfg.ConnectTimeout
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	stop := context.AfterFunc(t.ctx, cancel)
+	defer stop()
+	deadline, _ := ctx.Deadline()
+
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     100 * time.Millisecond,
+		RandomizationFactor: 0.3,
+		Multiplier:          2,
+		MaxInterval:         min(t.cfg.ReconnectMaxInterval, 5*time.Second),
+	}
+	b.Reset()
+	var lastErr error
+	attempts := 0
+	for {
+		attempts++
+		conn, notes, err := t.dial(ctx)
+		if err == nil {
+			return conn, notes, nil
+		}
+		if lastErr == nil || ctx.Err() == nil {
+			lastErr = err // keep the dial error, not the cancellation that cut an attempt
+		}
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused {
+			break // wrong credentials: retrying will not help
+		}
+		// The last attempt starts a little before the deadline, so that it
+		// can fail with its own error rather than with the deadline's.
+		remaining := time.Until(deadline) - 50*time.Millisecond
+		if ctx.Err() != nil || remaining <= 0 {
+			break
+		}
+		next := min(b.NextBackOff(), remaining)
+		t.log.Warn("rabbitmq connect failed, retrying",
+			slog.String("url", t.secret.redacted),
+			slog.Int("attempt", attempts),
+			slog.Duration("retry_in", next),
+			slog.String("error", t.secret.scrub(err.Error())))
+		select {
+		case <-ctx.Done():
+		case <-time.After(next):
+		}
+		if t.ctx.Err() != nil {
+			break
+		}
+	}
+	if t.ctx.Err() != nil {
+		return nil, connNotes{}, errClosed
+	}
+	return nil, connNotes{}, fmt.Errorf("rabbitmq: cannot connect to %s after %d attempt(s) (connect timeout %v): %w",
+		t.secret.redacted, attempts, timeout, t.secret.scrubErr(lastErr))
+}
+
+// dial makes one connection attempt, bounded by ctx and dialTimeout.
+func (t *Transport) dial(ctx context.Context) (*amqp.Connection, connNotes, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, connNotes{}, err
+	}
+	deadline := time.Now().Add(dialTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	props := amqp.NewConnectionProperties()
+	host, _ := os.Hostname()
+	props.SetClientConnectionName(fmt.Sprintf("barewire %s pid %d", host, os.Getpid()))
+	cfg := amqp.Config{
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Deadline: deadline}
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bounds the TLS and AMQP handshakes; amqp091 clears it after.
+			if err := conn.SetDeadline(deadline); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
+			return conn, nil
+		},
+	}
+	if t.cfg.TLS != nil && strings.HasPrefix(strings.ToLower(t.url), "amqps://") {
+		// Without cfg.TLS, amqp091 builds the TLS config from the URL
+		// (cacertfile, certfile, keyfile, server_name_indication).
+		cfg.TLSClientConfig = t.cfg.TLS.Clone()
+	}
+	conn, err := amqp.DialConfig(t.url, cfg)
+	if err != nil {
+		return nil, connNotes{}, err
+	}
+	notes := connNotes{
+		closed:  conn.NotifyClose(make(chan *amqp.Error, 1)),
+		blocked: conn.NotifyBlocked(make(chan amqp.Blocking, 4)),
+	}
+	return conn, notes, nil
+}
+
+// setUpLocked publishes conn as the current connection. t.mu must be held.
+func (t *Transport) setUpLocked(conn *amqp.Connection) {
+	t.conn = conn
+	t.blocked.Store(nil)
+	select {
+	case <-t.ready:
+	default:
+		close(t.ready)
+	}
+}
+
+// setDown forgets the current connection.
+func (t *Transport) setDown() {
+	t.mu.Lock()
+	t.conn = nil
+	select {
+	case <-t.ready:
+		t.ready = make(chan struct{})
+	default:
+	}
+	t.mu.Unlock()
+	t.forgetExchanges()
+}
+
+// supervise watches the connection and reconnects when it is lost.
+func (t *Transport) supervise(conn *amqp.Connection, notes connNotes) {
+	defer t.wg.Done()
+	for {
+		var lost *amqp.Error
+	watch:
+		for {
+			select {
+			case <-t.ctx.Done():
+				return
+			case b, ok := <-notes.blocked:
+				if !ok {
+					notes.blocked = nil
+					continue
+				}
+				if b.Active {
+					reason := b.Reason
+					t.blocked.Store(&reason)
+					t.log.Warn("rabbitmq broker blocked publishing", slog.String("reason", b.Reason))
+				} else {
+					t.blocked.Store(nil)
+					t.log.Info("rabbitmq broker unblocked publishing")
+				}
+			case e, ok := <-notes.closed:
+				if ok {
+					lost = e
+				}
+				break watch
+			}
+		}
+		t.setDown()
+		if t.ctx.Err() != nil {
+			return
+		}
+		attrs := []any{slog.String("url", t.secret.redacted)}
+		if lost != nil {
+			attrs = append(attrs, slog.String("error", t.secret.scrub(lost.Error())))
+		}
+		t.log.Warn("rabbitmq connection lost, reconnecting", attrs...)
+		conn, notes = t.reconnect()
+		if conn == nil {
+			return
+		}
+	}
+}
+
+// reconnect dials with exponential backoff capped at ReconnectMaxInterval
+// until it succeeds or the transport closes, then re-declares the topology.
+func (t *Transport) reconnect() (*amqp.Connection, connNotes) {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     100 * time.Millisecond,
+		RandomizationFactor: 0.3,
+		Multiplier:          2,
+		MaxInterval:         t.cfg.ReconnectMaxInterval,
+	}
+	b.Reset()
+	for attempt := 1; ; attempt++ {
+		wait := min(b.NextBackOff(), t.cfg.ReconnectMaxInterval)
+		select {
+		case <-t.ctx.Done():
+			return nil, connNotes{}
+		case <-time.After(wait):
+		}
+		conn, notes, err := t.dial(t.ctx)
+		if err != nil {
+			if t.ctx.Err() != nil {
+				return nil, connNotes{}
+			}
+			t.log.Warn("rabbitmq reconnect failed",
+				slog.String("url", t.secret.redacted),
+				slog.Int("attempt", attempt),
+				slog.String("error", t.secret.scrub(err.Error())))
+			continue
+		}
+		if err := t.declareTopology(conn); err != nil {
+			if conn.IsClosed() {
+				t.log.Warn("rabbitmq connection lost while declaring topology", slog.String("error", t.secret.scrub(err.Error())))
+				continue
+			}
+			// Keep the connection: what could be declared is usable, and
+			// consumers of the rest keep retrying.
+			t.log.Error("rabbitmq topology declaration failed after reconnect", slog.String("error", t.secret.scrub(err.Error())))
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			_ = conn.Close()
+			return nil, connNotes{}
+		}
+		t.setUpLocked(conn)
+		t.mu.Unlock()
+		t.log.Info("rabbitmq reconnected", slog.String("url", t.secret.redacted), slog.Int("attempt", attempt))
+		return conn, notes
+	}
+}
+
+// currentConn returns the open connection or an error wrapping
+// outbox.ErrTransportUnavailable, without waiting.
+func (t *Transport) currentConn() (*amqp.Connection, error) {
+	t.mu.Lock()
+	c, closed, started := t.conn, t.closed, t.started
+	t.mu.Unlock()
+	switch {
+	case closed:
+		return nil, fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
+	case !started:
+		return nil, fmt.Errorf("%w: rabbitmq: transport not started", outbox.ErrTransportUnavailable)
+	case c == nil || c.IsClosed():
+		return nil, fmt.Errorf("%w: rabbitmq: not connected to %s", outbox.ErrTransportUnavailable, t.secret.redacted)
+	}
+	return c, nil
+}
+
+// waitConn waits until a connection is usable.
+func (t *Transport) waitConn(ctx context.Context) (*amqp.Connection, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, errClosed
+		}
+		c, ready := t.conn, t.ready
+		t.mu.Unlock()
+		if c != nil && !c.IsClosed() {
+			return c, nil
+		}
+		if c != nil {
+			// Closed, but the supervisor has not noticed yet.
+			ready = nil
+		}
+		select {
+		case <-ready:
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.ctx.Done():
+			return nil, errClosed
+		}
+	}
+}
+
+// Health reports nil while the connection is open.
+func (t *Transport) Health(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := t.currentConn()
+	return err
+}
+
+// Close stops every subscription (in-flight messages are requeued), fails
+// publishes still waiting for a confirm and closes the connection. It waits
+// for every goroutine the transport started.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait() // subscriptions (which nack in-flight messages) and supervisor
+
+	t.pubMu.Lock()
+	t.pubClosed = true
+	p := t.pub
+	t.pub = nil
+	t.pubMu.Unlock()
+	if p != nil {
+		_ = p.ch.Close()
+	}
+
+	t.mu.Lock()
+	conn := t.conn
+	t.conn = nil
+	t.mu.Unlock()
+	var err error
+	if conn != nil && !conn.IsClosed() {
+		if cerr := conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
+			err = t.secret.scrubErr(cerr)
+		}
+	}
+	t.pubWG.Wait()
+	t.log.Info("rabbitmq transport closed")
+	return err
+}
+
+// forgetExchanges clears the cache of exchanges known to exist.
+func (t *Transport) forgetExchanges() {
+	t.exMu.Lock()
+	clear(t.exchanges)
+	t.exMu.Unlock()
+}
+
+func (t *Transport) knownExchange(name string) bool {
+	t.exMu.Lock()
+	defer t.exMu.Unlock()
+	return t.exchanges[name]
+}
+
+func (t *Transport) rememberExchange(name string) {
+	t.exMu.Lock()
+	t.exchanges[name] = true
+	t.exMu.Unlock()
+}

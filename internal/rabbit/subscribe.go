@@ -1,0 +1,227 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/barewire-go/barewire/endpoint"
+)
+
+// Subscriber returns a new message.Subscriber on this transport. Each
+// Subscribe call on it is one competing consumer of a queue (the topic is the
+// endpoint's, hence the queue's, name) on its own channel. Closing the
+// subscriber stops only the subscriptions made through it; closing the
+// transport stops all of them.
+func (t *Transport) Subscriber() message.Subscriber {
+	ctx, cancel := context.WithCancel(t.ctx)
+	return &subscriber{t: t, ctx: ctx, cancel: cancel}
+}
+
+type subscriber struct {
+	t      *Transport
+	ctx    context.Context // canceled by Close or by the transport's Close
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// prefetchFor divides an endpoint's PrefetchCount across its concurrent
+// handlers (one subscription each), rounding up, at least 1.
+func prefetchFor(ep *endpoint.Endpoint) int {
+	prefetch, limit := endpoint.DefaultPrefetchCount, endpoint.DefaultConcurrentMessageLimit
+	if ep != nil {
+		if ep.PrefetchCount > 0 {
+			prefetch = ep.PrefetchCount
+		}
+		if ep.ConcurrentMessageLimit > 0 {
+			limit = ep.ConcurrentMessageLimit
+		}
+	}
+	return max(1, (prefetch+limit-1)/limit)
+}
+
+// Subscribe starts one consumer of queue. Messages come one at a time: the
+// next is sent after the previous one is acked (basic.ack) or nacked
+// (basic.nack with requeue). The output channel is closed when ctx is done
+// or the subscriber or transport is closed; a message that was handed out
+// and not acked by then is requeued. Broker connection losses are survived:
+// the consumer resumes on a new channel after the reconnect.
+func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
+	if queue == "" {
+		return nil, errors.New("rabbitmq: subscribe: empty queue name")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("rabbitmq: subscribe: subscriber is closed")
+	}
+	t := s.t
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, errClosed
+	}
+	if !t.started {
+		t.mu.Unlock()
+		return nil, errors.New("rabbitmq: subscribe: transport not started")
+	}
+	ep := t.byName[queue]
+	t.wg.Add(1)
+	t.mu.Unlock()
+	s.wg.Add(1)
+
+	sctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	out := make(chan *message.Message)
+	sub := &subscription{
+		t:        t,
+		queue:    queue,
+		prefetch: prefetchFor(ep),
+		out:      out,
+		log:      t.log.With(slog.String("queue", queue)),
+	}
+	go func() {
+		defer t.wg.Done()
+		defer s.wg.Done()
+		defer close(out)
+		defer stop()
+		defer cancel()
+		sub.run(sctx)
+	}()
+	return out, nil
+}
+
+// Close stops every subscription made through this subscriber and waits for
+// them to finish.
+func (s *subscriber) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+type subscription struct {
+	t        *Transport
+	queue    string
+	prefetch int
+	out      chan *message.Message
+	log      *slog.Logger
+}
+
+func (s *subscription) run(ctx context.Context) {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     100 * time.Millisecond,
+		RandomizationFactor: 0.3,
+		Multiplier:          2,
+		MaxInterval:         s.t.cfg.ReconnectMaxInterval,
+	}
+	b.Reset()
+	for {
+		conn, err := s.t.waitConn(ctx)
+		if err != nil {
+			return
+		}
+		err = s.consume(ctx, conn, b.Reset)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := min(b.NextBackOff(), s.t.cfg.ReconnectMaxInterval)
+		s.log.Warn("rabbitmq consumer interrupted, resuming",
+			slog.String("error", s.t.secret.scrub(err.Error())), slog.Duration("retry_in", wait))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// consume runs one consumer on a fresh channel until ctx is done (nil) or
+// the channel or consumer ends (an error).
+func (s *subscription) consume(ctx context.Context, conn *amqp.Connection, started func()) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Qos(s.prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch %d: %w", s.prefetch, err)
+	}
+	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume queue %q: %w", s.queue, err)
+	}
+	started()
+	s.log.Debug("rabbitmq consumer started", slog.Int("prefetch", s.prefetch))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				if ch.IsClosed() {
+					return errors.New("channel closed")
+				}
+				return fmt.Errorf("broker cancelled the consumer of queue %q (queue deleted?)", s.queue)
+			}
+			if err := s.handle(ctx, &d); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle hands one delivery to the router and settles it with the broker.
+// It returns nil unless settling failed on a broken channel.
+func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
+	msg := fromDelivery(d)
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg.SetContext(mctx)
+
+	requeue := func() {
+		if err := d.Nack(false, true); err != nil {
+			s.log.Debug("rabbitmq nack on shutdown failed; the broker requeues unacked messages when the channel closes",
+				slog.String("message_id", msg.UUID), slog.String("error", err.Error()))
+		}
+	}
+	select {
+	case s.out <- msg:
+	case <-ctx.Done():
+		requeue()
+		return nil
+	}
+	var err error
+	select {
+	case <-msg.Acked():
+		err = d.Ack(false)
+	case <-msg.Nacked():
+		err = d.Nack(false, true)
+	case <-ctx.Done():
+		select {
+		case <-msg.Acked(): // acked just as we were stopped: keep the ack
+			_ = d.Ack(false)
+		default:
+			requeue()
+		}
+		return nil
+	}
+	if err != nil {
+		s.log.Warn("rabbitmq settle failed; the broker will redeliver the message",
+			slog.String("message_id", msg.UUID), slog.String("error", s.t.secret.scrub(err.Error())))
+		return fmt.Errorf("settle message %q: %w", msg.UUID, err)
+	}
+	return nil
+}

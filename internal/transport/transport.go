@@ -1,0 +1,52 @@
+// Package transport defines what the bus needs from a message transport
+// (in-process, RabbitMQ, PostgreSQL). Implementations live in sibling
+// internal packages; the bus wires them into the Watermill router.
+package transport
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// Metadata keys a transport sets on every received *message.Message, besides
+// the message's headers (which are copied into Metadata as they are) and
+// msg.UUID (the message id, "" when the message has none).
+const (
+	// MetaRedelivered is "true" when the broker says it delivered this
+	// message before.
+	MetaRedelivered = "BW-Redelivered"
+	// MetaDeliveryCount is the broker's delivery count when it keeps one
+	// (quorum queues' x-delivery-count), as a decimal string.
+	MetaDeliveryCount = "BW-DeliveryCount"
+)
+
+// Transport moves messages between the bus and a broker.
+//
+// Routing: an outbox.Message whose Destination is "exchange:<X>" goes to every
+// endpoint that consumes message type X (through an exchange named X on
+// RabbitMQ, bound to each such endpoint's queue) and to any extra bindings of
+// exchange X; "queue:<Q>" goes to queue Q only.
+type Transport interface {
+	// Start connects (retrying a broker that is down within the
+	// transport's connect timeout) and declares what the endpoints need:
+	// each endpoint's queue, its error queue, one exchange per consumed
+	// message type bound to the queue, extra bindings and user topology.
+	// Declaring is idempotent and is repeated after every reconnect.
+	Start(ctx context.Context, endpoints []*endpoint.Endpoint) error
+	// Subscriber returns the subscriber the router consumes with. The
+	// router calls Subscribe(ctx, endpointName) once per concurrent handler
+	// of an endpoint: each call is one competing consumer of the endpoint's
+	// queue. A nacked message is redelivered; an acked one is gone.
+	Subscriber() message.Subscriber
+	// Deliver publishes messages and awaits the broker's confirms
+	// (pipelined). See outbox.Transport.
+	outbox.Transport
+	// Health reports nil while connected.
+	Health(ctx context.Context) error
+	// Close stops consuming and publishing and releases connections.
+	Close() error
+}

@@ -1,0 +1,68 @@
+// Package wire holds the header names and small helpers shared by the
+// framework's leaf packages. It is internal: users see the same names
+// re-exported from package bus.
+package wire
+
+import (
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Header names. They match BareWire (.NET) so that services written with
+// either framework can share a broker.
+const (
+	// HeaderMessageID carries a caller-chosen message id that is preserved
+	// end to end (outbox row, AMQP message_id property, inbox key).
+	HeaderMessageID = "message-id"
+	// HeaderCorrelationID carries the correlation id (AMQP correlation_id).
+	HeaderCorrelationID = "correlation-id"
+	// HeaderMessageType names the message type used for dispatch (AMQP type).
+	HeaderMessageType = "BW-MessageType"
+	// HeaderExchange overrides the exchange a published message is sent to.
+	HeaderExchange = "BW-Exchange"
+	// HeaderContentType is the body's media type (AMQP content_type).
+	HeaderContentType = "content-type"
+	// HeaderRoutingKey overrides the routing key of a published message.
+	HeaderRoutingKey = "BW-RoutingKey"
+	// HeaderDestination records where a message was sent ("exchange:x" or "queue:y").
+	HeaderDestination = "BW-Destination"
+
+	// Fault headers, set on messages moved to an error queue.
+	HeaderFaultReason     = "BW-Fault-Reason"
+	HeaderFaultType       = "BW-Fault-Type"
+	HeaderFaultStack      = "BW-Fault-Stack"
+	HeaderFaultEndpoint   = "BW-Fault-Endpoint"
+	HeaderFaultAttempts   = "BW-Fault-Attempts"
+	HeaderFaultTime       = "BW-Fault-Time"
+	HeaderFaultExchange   = "BW-Fault-Exchange"
+	HeaderFaultRoutingKey = "BW-Fault-RoutingKey"
+
+	// HeaderWatermillUUID is where Watermill-native publishers put the id.
+	HeaderWatermillUUID = "_watermill_message_uuid"
+)
+
+// Destination prefixes.
+const (
+	ExchangePrefix = "exchange:"
+	QueuePrefix    = "queue:"
+)
+
+// NewID returns a fresh message id (a random UUID as a string).
+func NewID() string { return uuid.NewString() }
+
+// ParseDestination splits "queue:name" or "exchange:name". A bare name is a queue.
+func ParseDestination(d string) (kind, name string) {
+	switch {
+	case strings.HasPrefix(d, QueuePrefix):
+		return "queue", strings.TrimPrefix(d, QueuePrefix)
+	case strings.HasPrefix(d, ExchangePrefix):
+		return "exchange", strings.TrimPrefix(d, ExchangePrefix)
+	default:
+		return "queue", d
+	}
+}
+
+// ErrorQueue is the name of the queue that receives an endpoint's dead letters
+// when no dead-letter exchange is configured.
+func ErrorQueue(endpoint string) string { return endpoint + "_error" }

@@ -1,0 +1,122 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Status of an outbox row.
+type Status string
+
+const (
+	// StatusPending rows wait for the relay.
+	StatusPending Status = "pending"
+	// StatusDelivered rows were confirmed by the transport; they are kept
+	// until OutboxRetention unless DeleteOnDeliver is set.
+	StatusDelivered Status = "delivered"
+	// StatusParked rows failed MaxAttempts times; they wait for an operator
+	// (Requeue) and never block the rows behind them.
+	StatusParked Status = "parked"
+)
+
+// Message is one outbox row: a fully serialized message and where it goes.
+type Message struct {
+	// ID is the row's sequence number, assigned by the store on Add.
+	ID int64
+	// MessageID is the end-to-end message id (AMQP message_id, inbox key).
+	MessageID string
+	// Destination is "exchange:<name>" for a publish or "queue:<name>" for a send.
+	Destination string
+	// RoutingKey is used with exchange destinations; empty means the default.
+	RoutingKey    string
+	MessageType   string
+	ContentType   string
+	CorrelationID string
+	// Headers are every other header, including W3C trace context.
+	Headers map[string]string
+	Payload []byte
+
+	CreatedAt   time.Time
+	Status      Status
+	Attempts    int
+	LastError   string
+	DeliveredAt *time.Time
+}
+
+// Store is what the outbox needs from a database. gormstore implements it for
+// PostgreSQL and SQLite; outbox/outboxtest is its conformance suite.
+//
+// Add writes inside the caller's transaction, which the implementation finds
+// in ctx (the way it put it there is its own business). Every other method
+// runs its own short transaction and uses the database's clock.
+type Store interface {
+	// Add inserts rows in the transaction carried by ctx. It returns
+	// ErrNoTransaction when ctx carries none.
+	Add(ctx context.Context, msgs []*Message) error
+	// Claim leases up to limit pending rows whose lease is free or expired,
+	// oldest first, to owner for lease. Rows leased by a live owner are
+	// skipped, never waited for.
+	Claim(ctx context.Context, owner string, limit int, lease time.Duration) ([]*Message, error)
+	// MarkDelivered marks (or deletes, when del is true) the rows still
+	// leased by owner. It returns how many rows it changed.
+	MarkDelivered(ctx context.Context, owner string, ids []int64, del bool) (int, error)
+	// Release returns rows leased by owner to pending. When countAttempt is
+	// true each row's attempt count grows by one, lastErr is recorded, the
+	// row becomes claimable again only after retryAfter, and rows that have
+	// reached maxAttempts are parked instead.
+	Release(ctx context.Context, owner string, ids []int64, lastErr string, countAttempt bool, retryAfter time.Duration, maxAttempts int) error
+	// Requeue moves parked rows back to pending with their attempts reset.
+	// With no ids, every parked row is re-queued. It returns how many moved.
+	Requeue(ctx context.Context, ids []int64) (int, error)
+	// Cleanup deletes at most batch delivered rows older than retention and
+	// returns how many it deleted.
+	Cleanup(ctx context.Context, retention time.Duration, batch int) (int, error)
+	// Stats counts rows by status.
+	Stats(ctx context.Context) (Stats, error)
+	// List returns rows matching q, oldest first.
+	List(ctx context.Context, q Query) ([]*Message, error)
+}
+
+// Notifier is implemented by stores that can wake relays in other processes
+// when a transaction that wrote outbox rows commits (PostgreSQL LISTEN/NOTIFY).
+type Notifier interface {
+	// Listen calls wake after every notified commit until ctx is done. It
+	// returns when ctx is done or the listening connection cannot be kept.
+	Listen(ctx context.Context, wake func()) error
+}
+
+// Stats are outbox row counts.
+type Stats struct {
+	Pending   int64
+	Parked    int64
+	Delivered int64
+	// OldestPending is the creation time of the oldest pending row, zero if none.
+	OldestPending time.Time
+}
+
+// Query filters List.
+type Query struct {
+	// Status filters by status; empty means any.
+	Status Status
+	// AfterID pages: only rows with ID > AfterID.
+	AfterID int64
+	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// ErrNoTransaction is returned by Store.Add when ctx carries no transaction.
+var ErrNoTransaction = errors.New("outbox: no transaction in context; use bus.PublishTx with a *gorm.DB transaction")
+
+// Transport delivers outbox messages to the broker.
+type Transport interface {
+	// Deliver sends msgs and returns one error per message, in order: nil
+	// means the broker confirmed it. Implementations pipeline confirms. An
+	// error wrapping ErrTransportUnavailable means the message was not
+	// judged by the broker (connection down); it does not count as an attempt.
+	Deliver(ctx context.Context, msgs []*Message) []error
+}
+
+// ErrTransportUnavailable marks delivery errors caused by the transport being
+// down rather than by the message.
+var ErrTransportUnavailable = errors.New("outbox: transport unavailable")

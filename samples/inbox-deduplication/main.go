@@ -1,0 +1,301 @@
+// Command inbox-deduplication shows the inbox absorbing duplicates: one
+// PaymentReceived is fanned out to two endpoints, email-notifications and
+// audit-log; re-publishing it with the same message-id, or redelivering it,
+// changes nothing — each consumer applied it exactly once.
+//
+//	go run ./samples/inbox-deduplication -demo     # scripted run, prints and exits
+//	go run ./samples/inbox-deduplication           # HTTP API on :8080
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/samples/internal/sample"
+)
+
+// PaymentReceived is the event both endpoints consume.
+type PaymentReceived struct {
+	PaymentID string  `json:"paymentId"`
+	Amount    float64 `json:"amount"`
+}
+
+// Notification is what the email consumer "sent": one row per payment.
+type Notification struct {
+	MessageID string    `json:"messageId" gorm:"primaryKey"`
+	PaymentID string    `json:"paymentId"`
+	Amount    float64   `json:"amount"`
+	SentAt    time.Time `json:"sentAt"`
+}
+
+// AuditEntry is what the audit consumer recorded.
+type AuditEntry struct {
+	MessageID string    `json:"messageId" gorm:"primaryKey"`
+	PaymentID string    `json:"paymentId"`
+	At        time.Time `json:"at"`
+}
+
+// declare is the endpoint declaration; the same function runs on the
+// embedded default and on RabbitMQ.
+func declare(c *endpoint.Endpoints) {
+	c.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, sendEmail)
+	})
+	c.ReceiveEndpoint("audit-log", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, audit)
+	})
+}
+
+func sendEmail(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+	// The row commits in the same transaction as the inbox's processed mark.
+	return bus.TxFromContext(ctx).Create(&Notification{
+		MessageID: c.MessageID, PaymentID: c.Message.PaymentID, Amount: c.Message.Amount, SentAt: time.Now().UTC(),
+	}).Error
+}
+
+func audit(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+	return bus.TxFromContext(ctx).Create(&AuditEntry{
+		MessageID: c.MessageID, PaymentID: c.Message.PaymentID, At: time.Now().UTC(),
+	}).Error
+}
+
+func main() {
+	f := sample.ParseFlags("127.0.0.1:8080")
+	opts, err := f.Options(declare, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := bus.New(opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if f.Demo {
+		if err := demo(b, f); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	a := &app{b: b}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /payments", a.newPayment)
+	mux.HandleFunc("POST /payments/duplicate", a.duplicate)
+	mux.HandleFunc("POST /payments/redeliver", a.redeliver)
+	mux.HandleFunc("GET /notifications", a.notifications)
+	mux.HandleFunc("GET /audit", a.audit)
+	mux.HandleFunc("GET /inbox", a.inbox)
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, 200, b.Stats()) })
+	if err := sample.Serve(b, mux, f.Listen, func(ctx context.Context) error { return migrate(b) }); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func migrate(b *bus.Bus) error { return b.DB().AutoMigrate(&Notification{}, &AuditEntry{}) }
+
+type app struct{ b *bus.Bus }
+
+type published struct {
+	MessageID string  `json:"messageId"`
+	PaymentID string  `json:"paymentId"`
+	Amount    float64 `json:"amount"`
+	Action    string  `json:"action"`
+}
+
+func (a *app) newPayment(w http.ResponseWriter, r *http.Request) {
+	p := PaymentReceived{PaymentID: uuid.NewString(), Amount: 42}
+	if v := r.URL.Query().Get("amount"); v != "" {
+		amt, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			sample.WriteError(w, http.StatusBadRequest, fmt.Errorf("amount: %w", err))
+			return
+		}
+		p.Amount = amt
+	}
+	id := uuid.NewString()
+	if err := a.b.Publish(r.Context(), p, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+		sample.WriteError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusAccepted, published{MessageID: id, PaymentID: p.PaymentID, Amount: p.Amount, Action: "published"})
+}
+
+// parse reads paymentId, messageId and amount from the query string.
+func parse(r *http.Request) (PaymentReceived, string, error) {
+	q := r.URL.Query()
+	p := PaymentReceived{PaymentID: q.Get("paymentId")}
+	id := q.Get("messageId")
+	if id == "" || p.PaymentID == "" {
+		return p, "", errors.New("paymentId and messageId are required (take them from POST /payments)")
+	}
+	if v := q.Get("amount"); v != "" {
+		amt, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return p, "", fmt.Errorf("amount: %w", err)
+		}
+		p.Amount = amt
+	}
+	return p, id, nil
+}
+
+// duplicate re-publishes the payment with the same message-id, as a producer
+// retrying after a timeout would.
+func (a *app) duplicate(w http.ResponseWriter, r *http.Request) {
+	p, id, err := parse(r)
+	if err != nil {
+		sample.WriteError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := a.b.Publish(r.Context(), p, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+		sample.WriteError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusAccepted, published{MessageID: id, PaymentID: p.PaymentID, Amount: p.Amount, Action: "re-published with the same message-id"})
+}
+
+// redeliver puts the same message straight onto each endpoint's queue again,
+// as a broker does after a lost acknowledgement.
+func (a *app) redeliver(w http.ResponseWriter, r *http.Request) {
+	p, id, err := parse(r)
+	if err != nil {
+		sample.WriteError(w, http.StatusBadRequest, err)
+		return
+	}
+	for _, q := range []string{"email-notifications", "audit-log"} {
+		if err := a.b.Send(r.Context(), q, p, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+			sample.WriteError(w, http.StatusServiceUnavailable, err)
+			return
+		}
+	}
+	sample.WriteJSON(w, http.StatusAccepted, published{MessageID: id, PaymentID: p.PaymentID, Amount: p.Amount, Action: "redelivered to email-notifications and audit-log"})
+}
+
+func (a *app) notifications(w http.ResponseWriter, r *http.Request) {
+	var ns []Notification
+	if err := a.b.DB().WithContext(r.Context()).Order("sent_at").Find(&ns).Error; err != nil {
+		sample.WriteError(w, http.StatusInternalServerError, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(ns), "notifications": ns})
+}
+
+func (a *app) audit(w http.ResponseWriter, r *http.Request) {
+	var es []AuditEntry
+	if err := a.b.DB().WithContext(r.Context()).Order("at").Find(&es).Error; err != nil {
+		sample.WriteError(w, http.StatusInternalServerError, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(es), "entries": es})
+}
+
+type inboxEntry struct {
+	MessageID    string     `json:"messageId"`
+	ConsumerType string     `json:"consumerType"`
+	ReceivedAt   time.Time  `json:"receivedAt"`
+	ProcessedAt  *time.Time `json:"processedAt"`
+	ExpiresAt    time.Time  `json:"expiresAt"`
+	Attempts     int        `json:"attempts"`
+}
+
+func (a *app) inbox(w http.ResponseWriter, r *http.Request) {
+	q := inbox.Query{MessageID: r.URL.Query().Get("messageId"), ConsumerType: r.URL.Query().Get("consumerType"), Limit: 100}
+	es, err := a.b.InboxStore().List(r.Context(), q)
+	if err != nil {
+		sample.WriteError(w, http.StatusInternalServerError, err)
+		return
+	}
+	out := make([]inboxEntry, 0, len(es))
+	for _, e := range es {
+		out = append(out, inboxEntry(e))
+	}
+	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(out), "entries": out})
+}
+
+// demo runs the scenario without HTTP: publish, re-publish twice, redeliver,
+// then show what each consumer did.
+func demo(b *bus.Bus, f sample.Flags) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
+	defer func() { _ = b.Stop(context.Background()) }()
+	if err := migrate(b); err != nil {
+		return err
+	}
+	fmt.Printf("inbox-deduplication on %s\n", f.Transport())
+	p := PaymentReceived{PaymentID: "pay-1001", Amount: 42}
+	id := "5f0c7a4e-0000-4000-8000-000000001001"
+	send := func(what string, fn func() error) error {
+		if err := fn(); err != nil {
+			return err
+		}
+		fmt.Printf("  %-44s message-id %s\n", what, id)
+		return nil
+	}
+	h := bus.Headers{bus.HeaderMessageID: id}
+	steps := []struct {
+		what string
+		fn   func() error
+	}{
+		{"published PaymentReceived", func() error { return b.Publish(ctx, p, h) }},
+		{"re-published it (same message-id)", func() error { return b.Publish(ctx, p, h) }},
+		{"re-published it again (same message-id)", func() error { return b.Publish(ctx, p, h) }},
+		{"redelivered it to email-notifications", func() error { return b.Send(ctx, "email-notifications", p, h) }},
+	}
+	for _, s := range steps {
+		if err := send(s.what, s.fn); err != nil {
+			return err
+		}
+	}
+	// 4 deliveries reach email-notifications and 3 reach audit-log: 2 are
+	// processed, 5 are duplicates.
+	for st := b.Stats(); st.Consumed+st.Duplicates < 7; st = b.Stats() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo timed out: %+v", st)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	var ns []Notification
+	var as []AuditEntry
+	if err := b.DB().Find(&ns).Error; err != nil {
+		return err
+	}
+	if err := b.DB().Find(&as).Error; err != nil {
+		return err
+	}
+	st := b.Stats()
+	fmt.Printf("\ndeliveries: %d processed, %d duplicates skipped by the inbox\n", st.Consumed, st.Duplicates)
+	fmt.Printf("email-notifications sent %d notification(s):\n", len(ns))
+	for _, n := range ns {
+		fmt.Printf("  payment %s amount %.2f (message-id %s)\n", n.PaymentID, n.Amount, n.MessageID)
+	}
+	fmt.Printf("audit-log recorded %d entr(y/ies)\n", len(as))
+	es, err := b.InboxStore().List(ctx, inbox.Query{MessageID: id})
+	if err != nil {
+		return err
+	}
+	fmt.Println("inbox:")
+	for _, e := range es {
+		state := "locked"
+		if e.ProcessedAt != nil {
+			state = "processed"
+		}
+		fmt.Printf("  %-22s %s  %s\n", e.ConsumerType, e.MessageID, state)
+	}
+	if len(ns) != 1 || len(as) != 1 {
+		fmt.Fprintln(os.Stderr, "UNEXPECTED: a consumer applied the message more than once")
+		os.Exit(1)
+	}
+	return nil
+}

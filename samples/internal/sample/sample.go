@@ -1,0 +1,141 @@
+// Package sample holds what every sample shares: the flags that select
+// RabbitMQ and PostgreSQL, JSON helpers, health routes and a clean shutdown
+// on SIGINT/SIGTERM.
+package sample
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// Flags are the settings every sample accepts. Environment variables
+// BAREWIRE_AMQP_URL, BAREWIRE_POSTGRES_DSN and BAREWIRE_LISTEN give defaults.
+type Flags struct {
+	AMQPURL     string
+	PostgresDSN string
+	Listen      string
+	Demo        bool
+}
+
+// ParseFlags parses the command line.
+func ParseFlags(defaultListen string) Flags {
+	var f Flags
+	flag.StringVar(&f.AMQPURL, "amqp-url", os.Getenv("BAREWIRE_AMQP_URL"), "RabbitMQ URL (amqp://user:pass@host:5672/vhost); empty runs the embedded in-process transport")
+	flag.StringVar(&f.PostgresDSN, "postgres-dsn", os.Getenv("BAREWIRE_POSTGRES_DSN"), "PostgreSQL DSN for the inbox/outbox tables; empty uses embedded in-memory SQLite")
+	flag.StringVar(&f.Listen, "listen", envOr("BAREWIRE_LISTEN", defaultListen), "HTTP listen address")
+	flag.BoolVar(&f.Demo, "demo", false, "run the scripted demo, print what happened and exit (no HTTP server)")
+	flag.Parse()
+	return f
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Options turns the flags into bus options: RabbitMQ when -amqp-url is
+// given, PostgreSQL when -postgres-dsn is given, the embedded default
+// otherwise. declare declares the sample's endpoints on either transport.
+func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox.Options)) ([]bus.Option, error) {
+	opts := []bus.Option{bus.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))}
+	if f.AMQPURL != "" {
+		opts = append(opts, bus.WithRabbitMQ(f.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }))
+	} else {
+		opts = append(opts, bus.WithEndpoints(declare))
+	}
+	if f.PostgresDSN != "" {
+		db, err := gormstore.OpenPostgres(f.PostgresDSN)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, bus.WithOutbox(db, configure))
+	} else if configure != nil {
+		opts = append(opts, bus.WithOutboxOptions(configure))
+	}
+	return opts, nil
+}
+
+// Transport names the selected transport and database for the console.
+func (f Flags) Transport() string {
+	t, d := "in-process", "SQLite (in memory)"
+	if f.AMQPURL != "" {
+		t = "RabbitMQ"
+	}
+	if f.PostgresDSN != "" {
+		d = "PostgreSQL"
+	}
+	return t + " + " + d
+}
+
+// WriteJSON writes v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// WriteError writes {"error": err} with status.
+func WriteError(w http.ResponseWriter, status int, err error) {
+	WriteJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// Serve mounts the health routes on mux, starts the bus, runs each
+// afterStart function (creating the sample's tables, say), serves HTTP on
+// addr until SIGINT/SIGTERM, then shuts both down cleanly.
+func Serve(b *bus.Bus, mux *http.ServeMux, addr string, afterStart ...func(context.Context) error) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	h := b.HealthHandler()
+	mux.Handle("GET /health", h)
+	mux.Handle("GET /health/live", h)
+	mux.Handle("GET /health/ready", h)
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
+	for _, fn := range afterStart {
+		if err := fn(ctx); err != nil {
+			_ = b.Stop(context.Background())
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = b.Stop(context.Background())
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	fmt.Fprintf(os.Stderr, "listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	shutdownErr := srv.Shutdown(sctx)
+	stopErr := b.Stop(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, shutdownErr, stopErr)
+}
