@@ -89,6 +89,12 @@ func fromDelivery(d *amqp.Delivery) *message.Message {
 	if d.ContentType != "" {
 		msg.Metadata.Set(wire.HeaderContentType, d.ContentType)
 	}
+	// Where the message was sent, for the fault headers of a dead letter.
+	if d.Exchange != "" {
+		msg.Metadata.Set(wire.HeaderDestination, wire.ExchangePrefix+d.Exchange)
+	} else if d.RoutingKey != "" {
+		msg.Metadata.Set(wire.HeaderDestination, wire.QueuePrefix+d.RoutingKey)
+	}
 	msg.Metadata.Set(transport.MetaRedelivered, strconv.FormatBool(d.Redelivered))
 	if v, ok := d.Headers["x-delivery-count"]; ok {
 		msg.Metadata.Set(transport.MetaDeliveryCount, headerString(v))
