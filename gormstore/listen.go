@@ -17,6 +17,10 @@ import (
 // again (relays also poll, so a gap only delays delivery). The connection is
 // discarded, not returned to the pool, so no LISTEN outlives the call.
 //
+// wake runs on the listening goroutine and should not block: a
+// non-blocking send on a buffered channel of one is the usual shape, since
+// one wake-up covers any number of commits.
+//
 // On SQLite there is nothing to listen to (one process owns the database
 // and wakes its relay in process): Listen waits for ctx and returns nil.
 //

@@ -145,7 +145,7 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'pending') AS pending,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'parked') AS parked,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
-(SELECT MIN(created_at) FROM {outbox}) AS oldest_pending`)
+(SELECT MIN(created_at) FROM {outbox} WHERE status = 'pending') AS oldest_pending`)
 	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
 	return o
 }
