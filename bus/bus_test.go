@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -568,5 +569,60 @@ func TestPublishErrors(t *testing.T) {
 	}
 	if err := b.Publish(ctx, PaymentReceived{}, bus.Headers{bus.HeaderMessageID: strings.Repeat("i", 201)}); !errors.Is(err, bus.ErrInvalidMessage) {
 		t.Errorf("long id: %v", err)
+	}
+}
+
+func TestDelayedRedeliveryThenSuccess(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	done := make(chan string, 1)
+	b := start(t, quiet(), bus.ReceiveEndpoint("redelivered", func(e *endpoint.Endpoint) {
+		e.Retry = endpoint.NoRetry()
+		e.Redelivery = []time.Duration{20 * time.Millisecond, 40 * time.Millisecond}
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			calls.Add(1)
+			if n := c.Headers["BW-Redelivery-Count"]; n != "2" {
+				return fmt.Errorf("not yet (redelivery %q)", n)
+			}
+			done <- c.MessageID
+			return nil
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, bus.Headers{bus.HeaderMessageID: "later"}); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-done; id != "later" {
+		t.Fatalf("id %q", id)
+	}
+	drain(t, b)
+	if s := b.Stats(); s.Redelivered != 2 || s.Consumed != 1 || s.DeadLettered != 0 || calls.Load() != 3 {
+		t.Fatalf("stats %+v calls %d; want 2 delayed redeliveries then success on the 3rd call", s, calls.Load())
+	}
+}
+
+func TestDelayedRedeliveryExhaustedDeadLetters(t *testing.T) {
+	t.Parallel()
+	dead := make(chan *endpoint.Delivery, 1)
+	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("hopeless", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.Immediate(1)
+			e.Redelivery = []time.Duration{10 * time.Millisecond}
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				return errors.New("still broken")
+			})
+		})
+		c.ReceiveEndpoint("hopeless_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { dead <- d; return nil })
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, bus.Headers{bus.HeaderMessageID: "hopeless-1"}); err != nil {
+		t.Fatal(err)
+	}
+	d := <-dead
+	if d.Headers["BW-Redelivery-Count"] != "1" || d.Headers[bus.HeaderFaultAttempts] != "2" {
+		t.Fatalf("dead letter headers %v; want one redelivery, then 2 attempts", d.Headers)
+	}
+	if s := b.Stats(); s.Redelivered != 1 {
+		t.Fatalf("stats %+v", s)
 	}
 }

@@ -137,6 +137,17 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 			b.ctr.requeued.Add(1)
 			return err // shutting down: nack, the broker redelivers
 		}
+		if n, ok := redeliveries(ep, msg, err); ok {
+			if rErr := b.redeliver(context.WithoutCancel(ctx), ep, msg, n, err); rErr != nil {
+				b.ctr.requeued.Add(1)
+				log.ErrorContext(ctx, "scheduling a redelivery failed; message requeued", "message_id", msg.UUID, "error", rErr, "reason", err)
+				return fmt.Errorf("redeliver: %w", rErr)
+			}
+			b.ctr.redelivered.Add(1)
+			log.InfoContext(ctx, "message handed back for a delayed redelivery", "message_id", msg.UUID,
+				"redelivery", n+1, "delay", ep.Redelivery[n], "error", err)
+			return nil
+		}
 		if dlErr := b.deadLetter(context.WithoutCancel(ctx), ep, msg, err, attempts); dlErr != nil {
 			b.ctr.requeued.Add(1)
 			log.ErrorContext(ctx, "dead-lettering failed; message requeued", "message_id", msg.UUID, "error", dlErr, "reason", err)
@@ -231,13 +242,58 @@ func callConsumer(ctx context.Context, r *endpoint.Registration, d *endpoint.Del
 	return nil
 }
 
+// redeliveries says whether the failed message gets a delayed redelivery,
+// and how many it has had.
+func redeliveries(ep *endpoint.Endpoint, msg *message.Message, err error) (int, bool) {
+	if len(ep.Redelivery) == 0 || endpoint.IsPermanent(err) || (ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err)) {
+		return 0, false
+	}
+	n, _ := strconv.Atoi(msg.Metadata.Get(wire.HeaderRedeliveryCount))
+	if n < 0 || n >= len(ep.Redelivery) {
+		return n, false
+	}
+	return n, true
+}
+
+// redeliver parks the message in the delay queue for its next redelivery;
+// the broker (or the in-process transport) returns it to the endpoint's
+// queue when the delay has passed.
+func (b *Bus) redeliver(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, n int, cause error) error {
+	m := copyOf(msg, wire.QueuePrefix+ep.DelayQueue(ep.Redelivery[n]))
+	m.Headers[wire.HeaderRedeliveryCount] = strconv.Itoa(n + 1)
+	m.Headers[wire.HeaderFaultReason] = cause.Error()
+	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+}
+
+// copyOf makes an outbox message of a received one, for dest: same id,
+// type, body and headers.
+func copyOf(msg *message.Message, dest string) *outbox.Message {
+	h := map[string]string{}
+	maps.Copy(h, msg.Metadata)
+	for _, k := range []string{transport.MetaRedelivered, transport.MetaDeliveryCount, wire.HeaderMessageID,
+		wire.HeaderMessageType, wire.HeaderContentType, wire.HeaderCorrelationID} {
+		delete(h, k)
+	}
+	return &outbox.Message{
+		MessageID:     msg.UUID,
+		MessageType:   msg.Metadata.Get(wire.HeaderMessageType),
+		ContentType:   msg.Metadata.Get(wire.HeaderContentType),
+		CorrelationID: msg.Metadata.Get(wire.HeaderCorrelationID),
+		Payload:       msg.Payload,
+		Destination:   dest,
+		Headers:       h,
+	}
+}
+
 // deadLetter moves the message to the endpoint's dead-letter destination
 // with fault headers, and returns once the transport confirmed it.
 func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, cause error, attempts int) error {
-	h := map[string]string{}
-	maps.Copy(h, msg.Metadata)
-	delete(h, transport.MetaRedelivered)
-	delete(h, transport.MetaDeliveryCount)
+	m := copyOf(msg, wire.QueuePrefix+ep.ErrorQueue)
+	if ep.Queue.DeadLetterExchange != "" {
+		m.Destination = wire.ExchangePrefix + ep.Queue.DeadLetterExchange
+		m.RoutingKey = ep.Queue.DeadLetterRoutingKey
+	}
+	h := m.Headers
 	h[wire.HeaderFaultReason] = cause.Error()
 	h[wire.HeaderFaultType] = errorType(cause)
 	h[wire.HeaderFaultEndpoint] = ep.Name()
@@ -255,22 +311,6 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 	if errors.As(cause, &pe) {
 		h[wire.HeaderFaultStack] = pe.Stack
 	}
-	m := &outbox.Message{
-		MessageID:     msg.UUID,
-		MessageType:   msg.Metadata.Get(wire.HeaderMessageType),
-		ContentType:   msg.Metadata.Get(wire.HeaderContentType),
-		CorrelationID: msg.Metadata.Get(wire.HeaderCorrelationID),
-		Payload:       msg.Payload,
-		Destination:   wire.QueuePrefix + ep.ErrorQueue,
-	}
-	if ep.Queue.DeadLetterExchange != "" {
-		m.Destination = wire.ExchangePrefix + ep.Queue.DeadLetterExchange
-		m.RoutingKey = ep.Queue.DeadLetterRoutingKey
-	}
-	for _, k := range []string{wire.HeaderMessageID, wire.HeaderMessageType, wire.HeaderContentType, wire.HeaderCorrelationID} {
-		delete(h, k)
-	}
-	m.Headers = h
 	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
 }
 

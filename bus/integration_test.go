@@ -309,3 +309,50 @@ func TestRabbitPublishTxRollbackSendsNothing(t *testing.T) {
 		t.Fatalf("outbox %+v; want exactly the committed row, delivered", st)
 	}
 }
+
+// TestRabbitQuorumRedeliveryThroughDelayQueueNoLoop runs an endpoint on a
+// quorum queue whose consumer fails until its second delayed redelivery:
+// the broker's own headers (x-death, x-delivery-count) must not make it
+// loop, and it must be processed exactly once.
+func TestRabbitQuorumRedeliveryThroughDelayQueueNoLoop(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("Quorum")
+	q := env.q("quorum")
+	for _, d := range []string{"_delay_50", "_delay_100"} {
+		env.queues = append(env.queues, q+d)
+	}
+	var calls atomic.Int32
+	headers := make(chan map[string]string, 1)
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			e.Queue.Type = endpoint.Quorum
+			e.Retry = endpoint.NoRetry()
+			e.Redelivery = []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				calls.Add(1)
+				if c.Headers["BW-Redelivery-Count"] != "2" {
+					return errors.New("not yet")
+				}
+				headers <- c.Headers
+				return nil
+			}, endpoint.AsMessageType(typ))
+		})
+	})...)
+	if err := b.Publish(context.Background(), PaymentReceived{}, bus.Headers{bus.HeaderMessageType: typ, bus.HeaderMessageID: "q-1"}); err != nil {
+		t.Fatal(err)
+	}
+	var h map[string]string
+	select {
+	case h = <-headers:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("not processed after redeliveries; calls=%d stats=%+v", calls.Load(), b.Stats())
+	}
+	if !strings.Contains(h["x-death"], "_delay_") {
+		t.Errorf("x-death should be readable and name the delay queue: %q", h["x-death"])
+	}
+	waitFor(t, func() bool { return b.Stats().Consumed == 1 })
+	if c, s := calls.Load(), b.Stats(); c != 3 || s.Redelivered != 2 || s.DeadLettered != 0 {
+		t.Fatalf("calls %d stats %+v; want 3 calls, 2 redeliveries", c, s)
+	}
+}

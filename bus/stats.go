@@ -11,6 +11,9 @@ type Stats struct {
 	Duplicates int64
 	// Retries counts failed attempts that were retried in process.
 	Retries int64
+	// Redelivered counts messages handed back for a delayed redelivery
+	// (Endpoint.Redelivery).
+	Redelivered int64
 	// DeadLettered counts messages moved to a dead-letter destination.
 	DeadLettered int64
 	// Requeued counts deliveries handed back to the broker (inbox busy,
@@ -21,7 +24,7 @@ type Stats struct {
 }
 
 type counters struct {
-	consumed, duplicates, retries, deadLettered, requeued atomic.Int64
+	consumed, duplicates, retries, redelivered, deadLettered, requeued atomic.Int64
 }
 
 // Stats returns the counters.
@@ -30,6 +33,7 @@ func (b *Bus) Stats() Stats {
 		Consumed:     b.ctr.consumed.Load(),
 		Duplicates:   b.ctr.duplicates.Load(),
 		Retries:      b.ctr.retries.Load(),
+		Redelivered:  b.ctr.redelivered.Load(),
 		DeadLettered: b.ctr.deadLettered.Load(),
 		Requeued:     b.ctr.requeued.Load(),
 		InFlight:     b.inFlight.Load(),

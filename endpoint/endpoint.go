@@ -59,6 +59,12 @@ type Endpoint struct {
 	ConcurrentMessageLimit int
 	// Retry is the in-process retry policy. Defaults to DefaultRetry().
 	Retry RetryPolicy
+	// Redelivery lists second-level retries: when the in-process retries
+	// are spent, the message goes back to the broker to be delivered again
+	// after each delay in turn (through a delay queue "<name>_delay_<ms>"
+	// per delay), and only then is dead-lettered. Permanent errors skip it.
+	// Defaults to none. Each delay must be at least 1ms.
+	Redelivery []time.Duration
 	// Serializer reads message bodies. Defaults to JSON.
 	Serializer Serializer
 	// Inbox selects deduplication. Defaults to InboxTwoPhase.
@@ -100,6 +106,11 @@ func (e *Endpoint) MessageTypes() []string {
 		}
 	}
 	return out
+}
+
+// DelayQueue names the queue that holds messages redelivered after d.
+func (e *Endpoint) DelayQueue(d time.Duration) string {
+	return fmt.Sprintf("%s_delay_%d", e.name, d.Milliseconds())
 }
 
 // Bind adds a binding of this endpoint's queue to exchange with routingKey.
@@ -149,6 +160,11 @@ func (e *Endpoint) finish() []error {
 	}
 	if e.HandlerTimeout < 0 {
 		bad("HandlerTimeout %v is negative", e.HandlerTimeout)
+	}
+	for i, d := range e.Redelivery {
+		if d < time.Millisecond || d > 7*24*time.Hour {
+			bad("Redelivery[%d] = %v; each delay must be within 1ms–168h", i, d)
+		}
 	}
 	if e.ErrorQueue == "" {
 		e.ErrorQueue = e.name + "_error"

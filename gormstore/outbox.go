@@ -182,15 +182,14 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 		}
 	}
 	tx = tx.WithContext(ctx)
+	// On PostgreSQL the first INSERT carries the NOTIFY in the same
+	// statement: one round trip per Add, which is most of PublishTx's cost.
+	notify := o.s.dialect.name == DialectPostgres
 	for _, part := range chunk(msgs, maxInsertRows) {
-		if err := o.insert(tx, part); err != nil {
+		if err := o.insert(tx, part, notify); err != nil {
 			return err
 		}
-	}
-	if o.s.dialect.name == DialectPostgres {
-		if err := tx.Exec("SELECT pg_notify(?, '')", o.channel).Error; err != nil {
-			return fmt.Errorf("gormstore: outbox notify: %w", err)
-		}
+		notify = false
 	}
 	return nil
 }
@@ -201,8 +200,11 @@ type insertedRow struct {
 	CreatedAt dbTime `gorm:"column:created_at"`
 }
 
-func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message) error {
+func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, notify bool) error {
 	var sql strings.Builder
+	if notify {
+		sql.WriteString("WITH ins AS (")
+	}
 	sql.WriteString("INSERT INTO ")
 	sql.WriteString(o.table)
 	sql.WriteString(" (" + insertColumns + ") VALUES ")
@@ -227,6 +229,12 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message) error {
 		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload)
 	}
 	sql.WriteString(" RETURNING id, created_at")
+	if notify {
+		// The notification is queued by the transaction and delivered, once,
+		// only if it commits.
+		sql.WriteString("), n AS (SELECT pg_notify(?, '')) SELECT ins.id, ins.created_at FROM ins, n")
+		args = append(args, o.channel)
+	}
 
 	var rows []insertedRow
 	if err := tx.Raw(sql.String(), args...).Scan(&rows).Error; err != nil {

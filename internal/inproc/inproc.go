@@ -13,6 +13,7 @@ import (
 	"maps"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -31,7 +32,9 @@ var ErrNoQueue = errors.New("inproc: no such queue")
 type Transport struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
-	bindings map[string][]string // exchange → queues
+	bindings map[string][]string   // exchange → queues
+	delays   map[string]delayRoute // delay queue → where and when
+	timers   map[*time.Timer]struct{}
 	closed   bool
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -39,7 +42,17 @@ type Transport struct {
 
 // New returns an empty transport.
 func New() *Transport {
-	return &Transport{queues: map[string]*queue{}, bindings: map[string][]string{}, done: make(chan struct{})}
+	return &Transport{
+		queues: map[string]*queue{}, bindings: map[string][]string{},
+		delays: map[string]delayRoute{}, timers: map[*time.Timer]struct{}{}, done: make(chan struct{}),
+	}
+}
+
+// delayRoute forwards what is sent to a delay queue to target after d, the
+// way a RabbitMQ queue with a TTL and a dead-letter route does.
+type delayRoute struct {
+	target string
+	d      time.Duration
 }
 
 type item struct {
@@ -130,8 +143,27 @@ func (t *Transport) Start(_ context.Context, eps []*endpoint.Endpoint) error {
 		for _, b := range ep.Bindings {
 			t.bind(b.Exchange, ep.Name())
 		}
+		for _, d := range ep.Redelivery {
+			t.delays[ep.DelayQueue(d)] = delayRoute{target: ep.Name(), d: d}
+		}
 	}
 	return nil
+}
+
+// later queues it on the route's target once the delay has passed. Messages
+// still waiting when the transport closes are dropped, like everything else
+// it holds in memory. Called with t.mu held.
+func (t *Transport) later(r delayRoute, it *item) {
+	var tm *time.Timer
+	tm = time.AfterFunc(r.d, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		delete(t.timers, tm)
+		if !t.closed {
+			t.queue(r.target).push(it)
+		}
+	})
+	t.timers[tm] = struct{}{}
 }
 
 // Deliver routes each message; a send to an unknown queue fails.
@@ -148,6 +180,10 @@ func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
 	for i, m := range msgs {
 		kind, name := wire.ParseDestination(m.Destination)
 		var targets []string
+		if r, ok := t.delays[name]; ok && kind == "queue" {
+			t.later(r, &item{id: m.MessageID, headers: headersOf(m), payload: m.Payload})
+			continue
+		}
 		if kind == "exchange" {
 			targets = t.bindings[name]
 		} else {
@@ -193,6 +229,10 @@ func (t *Transport) Close() error {
 	if !t.closed {
 		t.closed = true
 		close(t.done)
+		for tm := range t.timers {
+			tm.Stop()
+		}
+		clear(t.timers)
 	}
 	t.mu.Unlock()
 	t.wg.Wait()

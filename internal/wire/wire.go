@@ -38,6 +38,9 @@ const (
 	HeaderFaultExchange   = "BW-Fault-Exchange"
 	HeaderFaultRoutingKey = "BW-Fault-RoutingKey"
 
+	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
+	HeaderRedeliveryCount = "BW-Redelivery-Count"
+
 	// HeaderWatermillUUID is where Watermill-native publishers put the id.
 	HeaderWatermillUUID = "_watermill_message_uuid"
 )
