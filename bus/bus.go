@@ -82,6 +82,7 @@ type Bus struct {
 	routerDone chan error
 	inFlight   atomic.Int64
 	ctr        counters
+	tel        *telemetry
 }
 
 // New builds a bus from options. It performs no I/O: connections are made
@@ -126,6 +127,7 @@ func New(opts ...Option) (*Bus, error) {
 	}
 
 	b := &Bus{cfg: c, log: c.logger}
+	b.tel = newTelemetry(c.telemetry, c.transport)
 	seen := map[string]bool{}
 	for _, eps := range c.endpoints {
 		errs = append(errs, eps.Errs()...)
@@ -146,6 +148,8 @@ func New(opts ...Option) (*Bus, error) {
 		} else {
 			b.tr = tr
 		}
+	case transportPostgres:
+		errs = append(errs, b.usePostgres(&c)...)
 	default:
 		b.mem = inproc.New()
 		b.tr = b.mem
@@ -234,7 +238,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bus: create router: %w", err)
 	}
 	for _, ep := range b.endpoints {
-		h := b.handler(ep)
+		h := b.instrument(ep, b.handler(ep))
 		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
 			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
 		}
@@ -268,6 +272,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	if n, ok := b.outboxSt.(outbox.Notifier); ok && b.db.Dialector.Name() == "postgres" {
 		b.relay.Notifier = n
 	}
+	b.instrumentRelay(b.relay)
 	b.bg.Go(func() { b.relay.Run(runCtx) })
 	b.bg.Go(func() {
 		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
@@ -275,6 +280,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	b.bg.Go(func() {
 		(&outbox.Cleaner{Store: b.outboxSt, Retention: o.OutboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
 	})
+	b.startTelemetry()
 	b.state = 1
 	b.log.InfoContext(ctx, "bus started", "endpoints", len(b.endpoints), "instance_id", b.cfg.instanceID, "transport", b.transportName())
 	return nil
@@ -301,6 +307,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 		return nil
 	}
 	b.state = 2
+	b.stopTelemetry()
 	var errs []error
 	closed := make(chan error, 1)
 	go func() { closed <- b.router.Close() }()
@@ -365,31 +372,17 @@ func (b *Bus) Run(ctx context.Context) error {
 	return b.Stop(sctx)
 }
 
-// Health reports nil when the transport is connected and the database
-// answers; otherwise an error saying which is not.
+// Health reports nil when the transport is connected, the database
+// answers and the relay keeps up (see CheckHealth and
+// WithHealthThresholds); otherwise an error saying which check failed.
 func (b *Bus) Health(ctx context.Context) error {
-	b.mu.Lock()
-	state := b.state
-	b.mu.Unlock()
-	if state != 1 {
-		return ErrNotStarted
-	}
-	var errs []error
-	if err := b.tr.Health(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("transport: %w", err))
-	}
-	if sqlDB, err := b.db.DB(); err != nil {
-		errs = append(errs, fmt.Errorf("database: %w", err))
-	} else if err := sqlDB.PingContext(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("database: %w", err))
-	}
-	return errors.Join(errs...)
+	return b.CheckHealth(ctx).Err()
 }
 
 func watermillLogger(l *slog.Logger) watermill.LoggerAdapter {
 	// Watermill's per-message logs are debug noise for a bus user; its
 	// info (handler start/stop) is debug here too.
-	return watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{
+	return watermill.NewSlogLoggerWithLevelMapping(slog.New(watermillHandler{l.Handler()}), map[slog.Level]slog.Level{
 		slog.LevelInfo:       slog.LevelDebug,
 		slog.LevelDebug:      watermill.LevelTrace,
 		watermill.LevelTrace: watermill.LevelTrace - 4,

@@ -626,3 +626,29 @@ func TestDelayedRedeliveryExhaustedDeadLetters(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+func TestHandlerTimeoutAppliesPerAttempt(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	done := make(chan struct{})
+	b := start(t, quiet(), bus.ReceiveEndpoint("timeouts", func(e *endpoint.Endpoint) {
+		e.HandlerTimeout = 50 * time.Millisecond
+		e.Retry = endpoint.Immediate(1)
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			if calls.Add(1) == 1 {
+				<-ctx.Done() // the first attempt overruns its timeout
+				return ctx.Err()
+			}
+			close(done)
+			return nil
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	drain(t, b)
+	if s := b.Stats(); s.Consumed != 1 || s.DeadLettered != 0 || s.Retries != 1 {
+		t.Fatalf("stats %+v; want the timed-out attempt retried with a fresh timeout", s)
+	}
+}

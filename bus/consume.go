@@ -92,21 +92,23 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 	mw := &inbox.Middleware{
 		Store: b.inboxSt, ConsumerType: ep.Name(), LockTimeout: b.cfg.outboxOpts.InboxLockTimeout,
 		SingleTransaction: ep.Inbox == endpoint.InboxSingleTransaction, Logger: log,
-		OnDuplicate: func(inbox.Key) { b.ctr.duplicates.Add(1) },
+		OnDuplicate: func(k inbox.Key) { b.ctr.duplicates.Add(1); b.tel.duplicate(k) },
 	}
 	return func(msg *message.Message) error {
 		b.inFlight.Add(1)
 		defer b.inFlight.Add(-1)
 		ctx := msg.Context()
-		if ep.HandlerTimeout > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
-			defer cancel()
-		}
 		attempts := 0
 		op := func() (struct{}, error) {
 			attempts++
-			err := b.attempt(ctx, ep, disp, mw, msg, attempts, log)
+			actx := ctx
+			if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
+				var cancel context.CancelFunc
+				actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
+				defer cancel()
+			}
+			err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
+			b.tel.attemptDone(ctx, attempts, err)
 			switch {
 			case err == nil:
 				return struct{}{}, nil
@@ -118,6 +120,7 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 				return struct{}{}, backoff.Permanent(err)
 			}
 			b.ctr.retries.Add(1)
+			b.tel.note(ctx, evRetried)
 			log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
 			return struct{}{}, err
 		}
@@ -132,18 +135,19 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 			return nil
 		case errors.Is(err, inbox.ErrBusy):
 			b.ctr.requeued.Add(1)
-			return err // nack: the broker redelivers once the other delivery settles
+			return requeue(msg) // the broker redelivers once the other delivery settles
 		case msg.Context().Err() != nil:
 			b.ctr.requeued.Add(1)
-			return err // shutting down: nack, the broker redelivers
+			return requeue(msg) // shutting down: the broker redelivers
 		}
 		if n, ok := redeliveries(ep, msg, err); ok {
 			if rErr := b.redeliver(context.WithoutCancel(ctx), ep, msg, n, err); rErr != nil {
 				b.ctr.requeued.Add(1)
 				log.ErrorContext(ctx, "scheduling a redelivery failed; message requeued", "message_id", msg.UUID, "error", rErr, "reason", err)
-				return fmt.Errorf("redeliver: %w", rErr)
+				return requeue(msg)
 			}
 			b.ctr.redelivered.Add(1)
+			b.tel.note(ctx, evRedelivered)
 			log.InfoContext(ctx, "message handed back for a delayed redelivery", "message_id", msg.UUID,
 				"redelivery", n+1, "delay", ep.Redelivery[n], "error", err)
 			return nil
@@ -151,13 +155,22 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		if dlErr := b.deadLetter(context.WithoutCancel(ctx), ep, msg, err, attempts); dlErr != nil {
 			b.ctr.requeued.Add(1)
 			log.ErrorContext(ctx, "dead-lettering failed; message requeued", "message_id", msg.UUID, "error", dlErr, "reason", err)
-			return fmt.Errorf("dead-letter: %w", dlErr)
+			return requeue(msg)
 		}
 		b.ctr.deadLettered.Add(1)
+		b.tel.note(ctx, evDeadLettered)
 		log.WarnContext(ctx, "message dead-lettered", "message_id", msg.UUID, "message_type", msg.Metadata.Get(wire.HeaderMessageType),
 			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
 		return nil
 	}
+}
+
+// requeue hands the message back to the broker without the router logging
+// an error for what is an expected outcome (we log it where it matters).
+// The router's Ack after a Nack is a no-op.
+func requeue(msg *message.Message) error {
+	msg.Nack()
+	return nil
 }
 
 func maxTries(p endpoint.RetryPolicy) int {
@@ -217,6 +230,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	}
 	if err == nil && state.ran.Load() {
 		b.ctr.consumed.Add(1)
+		b.tel.note(ctx, evConsumed)
 		if state.published.Load() {
 			b.wake()
 		}

@@ -24,6 +24,7 @@ type transportKind int
 const (
 	transportInMemory transportKind = iota
 	transportRabbitMQ
+	transportPostgres
 )
 
 type config struct {
@@ -40,6 +41,8 @@ type config struct {
 	stopTimeout    time.Duration
 	maxMessageSize int
 	errs           []error
+	telemetry      telemetryConfig // telemetry.go
+	health         healthConfig    // health.go
 }
 
 func optErr(format string, args ...any) error {

@@ -136,4 +136,3 @@ func TestOutboxScaleThreeRelays(t *testing.T) {
 	t.Logf("%d messages in %d transactions by %d writers (half rolled back) written in %v; %d committed delivered by 3 relays in %v total; %d duplicates at the broker",
 		total, total/perTx, writers, wrote.Round(time.Millisecond), len(want), drained.Round(time.Millisecond), dups)
 }
-

@@ -105,11 +105,13 @@ func (b *Bus) wake() {
 	}
 }
 
-func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg any, headers Headers) error {
+func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg any, headers Headers) (err error) {
 	m, err := b.envelope(destination, msg, headers)
 	if err != nil {
 		return err
 	}
+	ctx, endSpan := b.startPublish(ctx, tx, m) // telemetry.go: span, trace context into m.Headers
+	defer func() { endSpan(err) }()
 	if tx == nil {
 		if ctxTx, ok := gormstore.TxFromContext(ctx); ok {
 			tx = ctxTx
