@@ -352,13 +352,7 @@ func (b *Bus) closeResources() error {
 	return errors.Join(errs...)
 }
 
-func closeDB(db *gorm.DB) error {
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	return sqlDB.Close()
-}
+func closeDB(db *gorm.DB) error { return gormstore.Close(db) }
 
 // Run starts the bus, blocks until ctx is done, then stops it within the
 // stop timeout (WithStopTimeout).

@@ -19,8 +19,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sqlDB, _ := db.DB()
-	defer sqlDB.Close()
+	defer gormstore.Close(db)
 
 	store, err := gormstore.New(db)
 	if err != nil {

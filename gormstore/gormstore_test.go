@@ -113,12 +113,7 @@ func dropTables(t *testing.T, db *gorm.DB, prefix string) {
 
 func closeDB(t *testing.T, db *gorm.DB) {
 	t.Helper()
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Errorf("db.DB: %v", err)
-		return
-	}
-	if err := sqlDB.Close(); err != nil {
+	if err := gormstore.Close(db); err != nil {
 		t.Errorf("close database: %v", err)
 	}
 }
@@ -676,5 +671,31 @@ func TestOpenSQLite(t *testing.T) {
 	s = migrated(t, db)
 	if l, err := s.Inbox().TryLock(ctx, k, time.Minute); err != nil || l.State != inbox.Busy {
 		t.Fatalf("TryLock after reopening = %+v, %v; want the lock kept", l, err)
+	}
+}
+
+// TestInMemorySurvivesCancelledTransaction: database/sql discards the
+// connection of a transaction whose context is cancelled mid-statement; the
+// in-memory database must survive that (it did not before the anchor).
+func TestInMemorySurvivesCancelledTransaction(t *testing.T) {
+	db, err := gormstore.OpenSQLite("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(t, db) })
+	store := migrated(t, db)
+	for i := 0; i < 3; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			// A statement still running when the context ends.
+			return tx.Exec("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 100000000) SELECT count(*) FROM c").Error
+		})
+		cancel()
+		if err == nil {
+			t.Fatal("the long statement was not interrupted")
+		}
+	}
+	if _, err := store.Outbox().Stats(context.Background()); err != nil {
+		t.Fatalf("tables gone after cancelled transactions: %v", err)
 	}
 }

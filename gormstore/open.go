@@ -1,9 +1,12 @@
 package gormstore
 
 import (
+	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/glebarez/sqlite"
@@ -28,7 +31,12 @@ import (
 // The single connection means a transaction (such as the one Inbox.Process
 // runs a handler in) holds the database: do all work inside it through the
 // transaction from the context, never through this *gorm.DB, or it waits
-// for itself. Close the database with db.DB() then Close.
+// for itself. Close the database with Close.
+//
+// An in-memory database is also held open by a second, idle "anchor"
+// connection: database/sql discards a connection whose transaction's
+// context is cancelled mid-statement, and without the anchor that would
+// drop the whole in-memory database with it.
 func OpenSQLite(path string) (*gorm.DB, error) {
 	params := url.Values{}
 	params.Add("_pragma", "foreign_keys(1)")
@@ -66,7 +74,41 @@ func OpenSQLite(path string) (*gorm.DB, error) {
 	sqlDB.SetMaxIdleConns(1)
 	sqlDB.SetConnMaxLifetime(0)
 	sqlDB.SetConnMaxIdleTime(0)
+	if path == "" {
+		anchor, err := sql.Open(sqlite.DriverName, dsn)
+		if err == nil {
+			anchor.SetMaxOpenConns(1)
+			anchor.SetConnMaxLifetime(0)
+			anchor.SetConnMaxIdleTime(0)
+			err = anchor.Ping()
+		}
+		if err != nil {
+			_ = sqlDB.Close()
+			if anchor != nil {
+				_ = anchor.Close()
+			}
+			return nil, fmt.Errorf("gormstore: open in-memory sqlite: %w", err)
+		}
+		anchors.Store(sqlDB, anchor)
+	}
 	return db, nil
+}
+
+// anchors maps an in-memory database's pool to its anchor connection.
+var anchors sync.Map // *sql.DB → *sql.DB
+
+// Close closes db's connection pool and, for an in-memory SQLite database
+// opened by OpenSQLite, its anchor connection (which frees the database).
+func Close(db *gorm.DB) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("gormstore: close: %w", err)
+	}
+	err = sqlDB.Close()
+	if a, ok := anchors.LoadAndDelete(sqlDB); ok {
+		err = errors.Join(err, a.(*sql.DB).Close())
+	}
+	return err
 }
 
 // OpenPostgres opens a PostgreSQL database (gorm.io/driver/postgres, pgx)
