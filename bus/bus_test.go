@@ -652,3 +652,24 @@ func TestHandlerTimeoutAppliesPerAttempt(t *testing.T) {
 		t.Fatalf("stats %+v; want the timed-out attempt retried with a fresh timeout", s)
 	}
 }
+
+func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
+	t.Parallel()
+	dead := make(chan struct{}, 1)
+	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("always-fails", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.Immediate(3)
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error { return errors.New("no") })
+		})
+		c.ReceiveEndpoint("always-fails_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { dead <- struct{}{}; return nil })
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-dead
+	if s := b.Stats(); s.Retries != 3 || s.DeadLettered != 1 {
+		t.Fatalf("stats %+v; want 3 retries (4 attempts) and 1 dead letter", s)
+	}
+}

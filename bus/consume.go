@@ -119,9 +119,11 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 			case ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err):
 				return struct{}{}, backoff.Permanent(err)
 			}
-			b.ctr.retries.Add(1)
-			b.tel.note(ctx, evRetried)
-			log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
+			if attempts < maxTries(ep.Retry) { // the last failure is not retried
+				b.ctr.retries.Add(1)
+				b.tel.note(ctx, evRetried)
+				log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
+			}
 			return struct{}{}, err
 		}
 		_, err := backoff.Retry(ctx, op, backoff.WithBackOff(retryBackOff(ep.Retry)),

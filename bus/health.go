@@ -139,11 +139,11 @@ func (b *Bus) checkRelay(ctx context.Context) (map[string]any, error) {
 		age = max(time.Since(st.OldestPending), 0)
 	}
 	details := map[string]any{
-		"pending":                    st.Pending,
-		"parked":                     st.Parked,
-		"oldest_pending_age_seconds": age.Seconds(),
-		"max_oldest_pending_seconds": maxAge.Seconds(),
-		"max_pending":                maxPending,
+		"pending":                 st.Pending,
+		"parked":                  st.Parked,
+		"oldestPendingAgeSeconds": age.Seconds(),
+		"maxOldestPendingSeconds": maxAge.Seconds(),
+		"maxPending":              maxPending,
 	}
 	var errs []error
 	if maxAge > 0 && age > maxAge {

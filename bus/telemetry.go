@@ -544,11 +544,23 @@ func (b *Bus) instrument(ep *endpoint.Endpoint, next message.NoPublishHandlerFun
 			outcome = outcomeRequeued
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
+		} else if nacked(msg) {
+			outcome = outcomeRequeued // handed back without an error (inbox busy, shutdown)
 		}
 		span.SetAttributes(attrBWOutcome.String(outcome))
 		t.handlerDuration.Record(ctx, time.Since(startAt).Seconds(), metric.WithAttributes(append(attrs, attrOutcome.String(outcome))...))
 		span.End()
 		return err
+	}
+}
+
+// nacked reports whether the handler handed msg back to the broker.
+func nacked(msg *message.Message) bool {
+	select {
+	case <-msg.Nacked():
+		return true
+	default:
+		return false
 	}
 }
 

@@ -551,6 +551,7 @@ func TestHealthUnreadyWhenBrokerConnectionLost(t *testing.T) {
 	if code != http.StatusServiceUnavailable || rep.Status != "unhealthy" {
 		t.Fatalf("ready after the connection was cut = %d %+v; want 503", code, rep)
 	}
+	t.Logf("report after the connection was cut: %s", mustJSON(t, rep))
 	for name, want := range map[string]string{"transport": "fail", "database": "pass", "relay": "pass"} {
 		if got := checkStatus(rep, name); got != want {
 			t.Errorf("check %s = %s; want %s (%+v)", name, got, want, rep.Checks)

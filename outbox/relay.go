@@ -221,6 +221,7 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 		m := msgByID(msgs, f.id)
 		retry := retryDelay(m.Attempts + 1)
 		r.Logger.WarnContext(ctx, "outbox: delivery failed", "message_id", m.MessageID, "outbox_id", m.ID,
+			"message_type", m.MessageType, "destination", m.Destination,
 			"attempt", m.Attempts+1, "max_attempts", r.MaxAttempts, "error", f.err)
 		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, r.MaxAttempts); err != nil {
 			settleErr = errors.Join(settleErr, fmt.Errorf("release failed row: %w", err))

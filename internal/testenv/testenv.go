@@ -16,7 +16,9 @@ const (
 )
 
 // PostgresDSN returns the test PostgreSQL DSN or skips (fails under CI).
-func PostgresDSN(t testing.TB) string { return get(t, PostgresVar, "host=127.0.0.1 user=postgres dbname=test sslmode=disable") }
+func PostgresDSN(t testing.TB) string {
+	return get(t, PostgresVar, "host=127.0.0.1 user=postgres dbname=test sslmode=disable")
+}
 
 // AMQPURL returns the test RabbitMQ URL or skips (fails under CI).
 func AMQPURL(t testing.TB) string { return get(t, AMQPVar, "amqp://guest:guest@127.0.0.1:5672/") }

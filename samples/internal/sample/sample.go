@@ -9,13 +9,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
@@ -139,3 +143,92 @@ func Serve(b *bus.Bus, mux *http.ServeMux, addr string, afterStart ...func(conte
 	}
 	return errors.Join(err, shutdownErr, stopErr)
 }
+
+// ReadJSON decodes a JSON request body into v when there is one (an empty
+// body leaves v as it is, so that callers can fall back to query
+// parameters). Bodies over 1 MiB and unknown fields are refused.
+func ReadJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if r.Body == nil || r.ContentLength == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // chunked request with an empty body
+		}
+		return fmt.Errorf("request body: %w", err)
+	}
+	return nil
+}
+
+// RunDemo starts b, runs scenario with a context that ends after timeout or
+// on SIGINT/SIGTERM, and stops b. It returns the scenario's error joined
+// with any error from starting or stopping the bus.
+func RunDemo(b *bus.Bus, timeout time.Duration, scenario func(ctx context.Context) error) (err error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		err = errors.Join(err, b.Stop(sctx))
+	}()
+	return scenario(ctx)
+}
+
+// WaitUntil calls cond every 10ms until it reports true, fails, or ctx
+// ends; what names the awaited condition in the timeout error.
+func WaitUntil(ctx context.Context, what string, cond func() (bool, error)) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Checks collects a demo's expectations: each is printed as it is checked,
+// and Err reports the ones that failed.
+type Checks struct {
+	failed []string
+}
+
+// Expect prints the expectation with its outcome and records a failure.
+func (c *Checks) Expect(ok bool, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if ok {
+		fmt.Printf("  ok    %s\n", msg)
+		return
+	}
+	fmt.Printf("  FAIL  %s\n", msg)
+	c.failed = append(c.failed, msg)
+}
+
+// Err returns nil when every expectation held, otherwise an error listing
+// the ones that did not.
+func (c *Checks) Err() error {
+	if len(c.failed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d expectation(s) failed: %s", len(c.failed), strings.Join(c.failed, "; "))
+}
+
+// RunID returns a short random id that a demo puts into its message ids and
+// business keys, so that rows and messages left by earlier runs on a
+// persistent database or broker do not count towards this run's checks.
+func RunID() string { return uuid.NewString()[:8] }
