@@ -139,7 +139,7 @@ func parseURL(raw string) (secret, error) {
 	scheme, _, ok := strings.Cut(raw, "://")
 	fallback := redactLoosely(raw)
 	if !ok {
-		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: want amqp://user:password@host:port/vhost or amqps://...", fallback)
+		return secret{}, fmt.Errorf("rabbitmq: invalid URL %q: want amqp://user:password@host:port/vhost or amqps://", fallback)
 	}
 	switch strings.ToLower(scheme) {
 	case "amqp", "amqps":
@@ -244,7 +244,7 @@ func (t *Transport) Start(ctx context.Context, endpoints []*endpoint.Endpoint) e
 	t.setUpLocked(conn)
 	t.wg.Add(1)
 	t.mu.Unlock()
-	go t.supervise(conn, notes)
+	go t.supervise(notes)
 	t.log.Info("rabbitmq connected", slog.String("url", t.secret.redacted), slog.Int("endpoints", len(endpoints)))
 	return nil
 }
@@ -384,7 +384,7 @@ func (t *Transport) setDown() {
 }
 
 // supervise watches the connection and reconnects when it is lost.
-func (t *Transport) supervise(conn *amqp.Connection, notes connNotes) {
+func (t *Transport) supervise(notes connNotes) {
 	defer t.wg.Done()
 	for {
 		var lost *amqp.Error
@@ -422,6 +422,7 @@ func (t *Transport) supervise(conn *amqp.Connection, notes connNotes) {
 			attrs = append(attrs, slog.String("error", t.secret.scrub(lost.Error())))
 		}
 		t.log.Warn("rabbitmq connection lost, reconnecting", attrs...)
+		var conn *amqp.Connection
 		conn, notes = t.reconnect()
 		if conn == nil {
 			return
