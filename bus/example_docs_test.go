@@ -19,8 +19,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -663,6 +665,11 @@ func ExampleBus_OutboxStore() {
 }
 
 func Example_outboxMigrationSQL() {
+	migrationsDir, err := os.MkdirTemp("", "migrations")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(migrationsDir)
 	// snippet:start migration-sql
 	script, err := gormstore.MigrationSQL(gormstore.DialectPostgres, "barewire_")
 	if err != nil {
@@ -670,11 +677,10 @@ func Example_outboxMigrationSQL() {
 	}
 	// Hand the script to your migration tool, then start the bus with
 	// outbox.Options.DisableAutoMigrate set.
-	if err := os.WriteFile("0001_barewire.sql", []byte(script), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(migrationsDir, "0001_barewire.sql"), []byte(script), 0o644); err != nil {
 		log.Fatal(err)
 	}
 	// snippet:end migration-sql
-	_ = os.Remove("0001_barewire.sql")
 	for line := range strings.Lines(script) {
 		if strings.HasPrefix(line, "CREATE TABLE") {
 			fmt.Print(line)
@@ -737,4 +743,42 @@ func Example_errorQueue() {
 	// BW-Fault-Reason: consumer ledger: ledger unavailable
 	// BW-Fault-Time: <RFC 3339 time>
 	// BW-Fault-Type: *errors.errorString
+}
+
+func Example_replayDeadLetter() {
+	ctx := context.Background()
+	var ledgerDown atomic.Bool
+	ledgerDown.Store(true)
+	booked := make(chan string, 1)
+	b := startDoc(ctx, bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+				if ledgerDown.Load() {
+					return errors.New("ledger unavailable")
+				}
+				booked <- c.MessageID
+				return nil
+			})
+		})
+		c.ReceiveEndpoint("accounting_error", func(e *endpoint.Endpoint) {
+			e.MissingMessageID = endpoint.ProcessMissingID
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				ledgerDown.Store(false) // the cause is fixed (here, at once)
+				// snippet:start replay
+				// Send the dead letter back to the endpoint that gave up, with
+				// its id: it was never marked processed, so the inbox lets it in.
+				return d.Send(ctx, d.Headers[bus.HeaderFaultEndpoint],
+					bus.Raw{Type: d.MessageType, ContentType: d.ContentType, Body: d.Body},
+					bus.Headers{bus.HeaderMessageID: d.MessageID})
+				// snippet:end replay
+			})
+		})
+	}))
+	defer b.Stop(ctx)
+	if err := b.Publish(ctx, InvoiceIssued{InvoiceID: "inv-17"}, bus.Headers{bus.HeaderMessageID: "invoice-inv-17"}); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("booked", <-booked)
+	// Output: booked invoice-inv-17
 }

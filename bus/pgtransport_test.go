@@ -416,11 +416,7 @@ func TestPostgresTransportOptionValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if s, err := sqlite.DB(); err == nil {
-			_ = s.Close()
-		}
-	}()
+	defer func() { _ = gormstore.Close(sqlite) }()
 	cases := map[string][]bus.Option{
 		"nil db":      {bus.WithPostgresTransport(nil, nil)},
 		"sqlite db":   {bus.WithPostgresTransport(sqlite, nil)},

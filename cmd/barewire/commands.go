@@ -1,0 +1,326 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+func (c *cli) migrate(args []string) error {
+	fs := c.flags("migrate")
+	printSQL := fs.Bool("print", false, "print the SQL instead of running it (no connection is made)")
+	dialect := fs.String("dialect", "", "dialect for --print without --dsn: postgres or sqlite")
+	if _, err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *printSQL {
+		d := *dialect
+		if d == "" {
+			var err error
+			if d, _, err = dsnDialect(c.dsn); err != nil {
+				return usagef("migrate --print needs --dialect postgres|sqlite or a --dsn to take it from")
+			}
+		}
+		script, err := gormstore.MigrationSQL(d, c.prefix)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprint(c.stdout, script)
+		return err
+	}
+	db, store, err := c.open(true)
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	start := time.Now()
+	if err := store.Migrate(c.ctx); err != nil {
+		return err
+	}
+	tables := []string{c.prefix + "inbox", c.prefix + "outbox"}
+	if c.json {
+		return c.printJSON(map[string]any{"migrated": true, "dialect": store.Dialect(), "tables": tables})
+	}
+	fmt.Fprintf(c.stdout, "migrated %s: tables %s and %s are up to date (%s)\n", store.Dialect(), tables[0], tables[1], fmtAge(time.Since(start)))
+	return nil
+}
+
+// parseNoArgs parses flags of a command that takes no positional arguments.
+func parseNoArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) > 0 {
+		return nil, usagef("%s takes no arguments, got %q", fs.Name(), pos)
+	}
+	return nil, nil
+}
+
+type statsOutput struct {
+	Outbox struct {
+		Pending                 int64      `json:"pending"`
+		Parked                  int64      `json:"parked"`
+		Delivered               int64      `json:"delivered"`
+		OldestPending           *time.Time `json:"oldestPending,omitempty"`
+		OldestPendingAgeSeconds float64    `json:"oldestPendingAgeSeconds"`
+	} `json:"outbox"`
+	Inbox struct {
+		Processed int64 `json:"processed"`
+		Locked    int64 `json:"locked"`
+		Expired   int64 `json:"expired"`
+	} `json:"inbox"`
+}
+
+func (c *cli) stats(args []string) error {
+	fs := c.flags("stats")
+	if _, err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	db, store, err := c.open(false)
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	ost, err := store.Outbox().Stats(c.ctx)
+	if err != nil {
+		return err
+	}
+	ist, err := store.Inbox().Stats(c.ctx)
+	if err != nil {
+		return err
+	}
+	var out statsOutput
+	out.Outbox.Pending, out.Outbox.Parked, out.Outbox.Delivered = ost.Pending, ost.Parked, ost.Delivered
+	age := "-"
+	if !ost.OldestPending.IsZero() {
+		t := ost.OldestPending.UTC()
+		out.Outbox.OldestPending = &t
+		d := max(time.Since(t), 0)
+		out.Outbox.OldestPendingAgeSeconds = d.Seconds()
+		age = fmtAge(d)
+	}
+	out.Inbox.Processed, out.Inbox.Locked, out.Inbox.Expired = ist.Processed, ist.Locked, ist.Expired
+	if c.json {
+		return c.printJSON(out)
+	}
+	n := func(v int64) string { return strconv.FormatInt(v, 10) }
+	if err := c.table([]string{"OUTBOX", "PENDING", "PARKED", "DELIVERED", "OLDEST PENDING AGE"},
+		[][]string{{c.prefix + "outbox", n(ost.Pending), n(ost.Parked), n(ost.Delivered), age}}); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout)
+	return c.table([]string{"INBOX", "PROCESSED", "LOCKED", "EXPIRED"},
+		[][]string{{c.prefix + "inbox", n(ist.Processed), n(ist.Locked), n(ist.Expired)}})
+}
+
+// ---- inbox ----
+
+type inboxEntry struct {
+	MessageID    string     `json:"messageId"`
+	ConsumerType string     `json:"consumerType"`
+	State        string     `json:"state"`
+	ReceivedAt   time.Time  `json:"receivedAt"`
+	ProcessedAt  *time.Time `json:"processedAt,omitempty"`
+	ExpiresAt    time.Time  `json:"expiresAt"`
+	Attempts     int        `json:"attempts"`
+}
+
+func toInboxEntry(e inbox.Entry, now time.Time) inboxEntry {
+	out := inboxEntry{MessageID: e.MessageID, ConsumerType: e.ConsumerType, ReceivedAt: e.ReceivedAt.UTC(),
+		ExpiresAt: e.ExpiresAt.UTC(), Attempts: e.Attempts, State: "expired"}
+	switch {
+	case e.ProcessedAt != nil:
+		t := e.ProcessedAt.UTC()
+		out.ProcessedAt, out.State = &t, "processed"
+	case e.ExpiresAt.After(now):
+		out.State = "locked"
+	}
+	return out
+}
+
+func (c *cli) inboxList(args []string) error {
+	fs := c.flags("inbox ls")
+	id := fs.String("message-id", "", "only this message id")
+	consumer := fs.String("consumer-type", "", "only this consumer type (endpoint name)")
+	processed := fs.String("processed", "", "true: processed entries only; false: unprocessed only")
+	limit := fs.Int("limit", 50, "entries per page (1-10000)")
+	offset := fs.Int("offset", 0, "entries to skip (newest first)")
+	if _, err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *limit < 1 || *limit > 10000 || *offset < 0 {
+		return usagef("--limit must be within 1-10000 and --offset not negative")
+	}
+	q := inbox.Query{MessageID: *id, ConsumerType: *consumer, Limit: *limit, Offset: *offset}
+	if *processed != "" {
+		v, err := strconv.ParseBool(*processed)
+		if err != nil {
+			return usagef("--processed %q: want true or false", *processed)
+		}
+		q.Processed = &v
+	}
+	return c.listInbox(q)
+}
+
+func (c *cli) inboxShow(args []string) error {
+	fs := c.flags("inbox show")
+	consumer := fs.String("consumer-type", "", "only this consumer type (endpoint name)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("inbox show takes one message id")
+	}
+	return c.listInbox(inbox.Query{MessageID: pos[0], ConsumerType: *consumer, Limit: 1000})
+}
+
+func (c *cli) listInbox(q inbox.Query) error {
+	db, store, err := c.open(false)
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	entries, err := store.Inbox().List(c.ctx, q)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	out := make([]inboxEntry, len(entries))
+	for i, e := range entries {
+		out[i] = toInboxEntry(e, now)
+	}
+	if c.json {
+		return c.printJSON(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(c.stderr, "no inbox entries match")
+		return nil
+	}
+	rows := make([][]string, len(out))
+	for i, e := range out {
+		expires := "-" // a processed entry holds no lock
+		if e.ProcessedAt == nil {
+			expires = fmtTime(e.ExpiresAt)
+		}
+		rows[i] = []string{e.MessageID, e.ConsumerType, e.State, fmtTime(e.ReceivedAt), fmtTimePtr(e.ProcessedAt),
+			expires, strconv.Itoa(e.Attempts)}
+	}
+	return c.table([]string{"MESSAGE ID", "CONSUMER TYPE", "STATE", "RECEIVED", "PROCESSED", "LOCK EXPIRES", "ATTEMPTS"}, rows)
+}
+
+// ---- outbox ----
+
+type outboxRow struct {
+	ID            int64             `json:"id"`
+	MessageID     string            `json:"messageId"`
+	MessageType   string            `json:"messageType"`
+	Destination   string            `json:"destination"`
+	RoutingKey    string            `json:"routingKey,omitempty"`
+	CorrelationID string            `json:"correlationId,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	PayloadBytes  int               `json:"payloadBytes"`
+	Status        string            `json:"status"`
+	Attempts      int               `json:"attempts"`
+	LastError     string            `json:"lastError,omitempty"`
+	CreatedAt     time.Time         `json:"createdAt"`
+	DeliveredAt   *time.Time        `json:"deliveredAt,omitempty"`
+}
+
+func (c *cli) outboxList(args []string) error {
+	fs := c.flags("outbox ls")
+	status := fs.String("status", "", "pending, parked or delivered (default: all)")
+	after := fs.Int64("after-id", 0, "only rows with a greater id (paging)")
+	limit := fs.Int("limit", 50, "rows per page (1-10000)")
+	if _, err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	switch outbox.Status(*status) {
+	case "", outbox.StatusPending, outbox.StatusParked, outbox.StatusDelivered:
+	default:
+		return usagef("--status %q: want pending, parked or delivered", *status)
+	}
+	if *limit < 1 || *limit > 10000 || *after < 0 {
+		return usagef("--limit must be within 1-10000 and --after-id not negative")
+	}
+	db, store, err := c.open(false)
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	msgs, err := store.Outbox().List(c.ctx, outbox.Query{Status: outbox.Status(*status), AfterID: *after, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	out := make([]outboxRow, len(msgs))
+	for i, m := range msgs {
+		out[i] = outboxRow{ID: m.ID, MessageID: m.MessageID, MessageType: m.MessageType, Destination: m.Destination,
+			RoutingKey: m.RoutingKey, CorrelationID: m.CorrelationID, Headers: m.Headers, PayloadBytes: len(m.Payload),
+			Status: string(m.Status), Attempts: m.Attempts, LastError: m.LastError, CreatedAt: m.CreatedAt.UTC()}
+		if m.DeliveredAt != nil {
+			t := m.DeliveredAt.UTC()
+			out[i].DeliveredAt = &t
+		}
+	}
+	if c.json {
+		return c.printJSON(out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintln(c.stderr, "no outbox rows match")
+		return nil
+	}
+	rows := make([][]string, len(out))
+	for i, r := range out {
+		lastErr := r.LastError
+		if lastErr == "" {
+			lastErr = "-"
+		}
+		rows[i] = []string{strconv.FormatInt(r.ID, 10), r.MessageID, r.MessageType, r.Destination, r.Status,
+			strconv.Itoa(r.Attempts), fmtTime(r.CreatedAt), truncate(lastErr, 60)}
+	}
+	if err := c.table([]string{"ID", "MESSAGE ID", "TYPE", "DESTINATION", "STATUS", "ATTEMPTS", "CREATED", "LAST ERROR"}, rows); err != nil {
+		return err
+	}
+	if len(out) == *limit {
+		fmt.Fprintf(c.stderr, "more rows may follow: --after-id %d\n", out[len(out)-1].ID)
+	}
+	return nil
+}
+
+func (c *cli) outboxRequeue(args []string) error {
+	fs := c.flags("outbox requeue")
+	all := fs.Bool("all-parked", false, "requeue every parked row")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if *all == (len(pos) > 0) {
+		return usagef("outbox requeue takes parked row ids or --all-parked (one of them)")
+	}
+	ids := make([]int64, len(pos))
+	for i, p := range pos {
+		if ids[i], err = strconv.ParseInt(p, 10, 64); err != nil || ids[i] < 1 {
+			return usagef("outbox row id %q: want a positive integer", p)
+		}
+	}
+	db, store, err := c.open(false)
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	n, err := store.Outbox().Requeue(c.ctx, ids)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printJSON(map[string]int{"requeued": n})
+	}
+	fmt.Fprintf(c.stdout, "requeued %d parked row(s); running relays send them within their polling interval\n", n)
+	return nil
+}
