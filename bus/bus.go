@@ -44,17 +44,29 @@ type Headers = endpoint.Headers
 
 // Header names the bus interprets.
 const (
-	HeaderMessageID     = wire.HeaderMessageID
-	HeaderCorrelationID = wire.HeaderCorrelationID
-	HeaderMessageType   = wire.HeaderMessageType
-	HeaderExchange      = wire.HeaderExchange
-	HeaderRoutingKey    = wire.HeaderRoutingKey
-	HeaderContentType   = wire.HeaderContentType
-	HeaderFaultReason   = wire.HeaderFaultReason
-	HeaderFaultType     = wire.HeaderFaultType
-	HeaderFaultStack    = wire.HeaderFaultStack
-	HeaderFaultEndpoint = wire.HeaderFaultEndpoint
-	HeaderFaultAttempts = wire.HeaderFaultAttempts
+	HeaderMessageID       = wire.HeaderMessageID
+	HeaderCorrelationID   = wire.HeaderCorrelationID
+	HeaderMessageType     = wire.HeaderMessageType
+	HeaderExchange        = wire.HeaderExchange
+	HeaderRoutingKey      = wire.HeaderRoutingKey
+	HeaderContentType     = wire.HeaderContentType
+	HeaderFaultReason     = wire.HeaderFaultReason
+	HeaderFaultType       = wire.HeaderFaultType
+	HeaderFaultStack      = wire.HeaderFaultStack
+	HeaderFaultEndpoint   = wire.HeaderFaultEndpoint
+	HeaderFaultAttempts   = wire.HeaderFaultAttempts
+	HeaderFaultTime       = wire.HeaderFaultTime
+	HeaderFaultExchange   = wire.HeaderFaultExchange
+	HeaderFaultRoutingKey = wire.HeaderFaultRoutingKey
+	// HeaderRedeliveryCount counts delayed redeliveries (Endpoint.Redelivery).
+	HeaderRedeliveryCount = wire.HeaderRedeliveryCount
+	// HeaderDestination is where a received message was sent
+	// ("exchange:<name>" or "queue:<name>").
+	HeaderDestination = wire.HeaderDestination
+	// HeaderRedelivered is "true" when the transport delivered the message before.
+	HeaderRedelivered = transport.MetaRedelivered
+	// HeaderDeliveryCount is the broker's delivery count, when it keeps one.
+	HeaderDeliveryCount = transport.MetaDeliveryCount
 )
 
 // Bus is a message bus: receive endpoints consuming from a transport, an
@@ -144,7 +156,7 @@ func New(opts ...Option) (*Bus, error) {
 	case transportRabbitMQ:
 		tr, err := rabbit.New(c.amqpURL, c.rabbit, c.logger)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("%w: WithRabbitMQ: %w", ErrInvalidOption, err))
 		} else {
 			b.tr = tr
 		}
@@ -158,12 +170,12 @@ func New(opts ...Option) (*Bus, error) {
 	if c.db != nil {
 		store, err := gormstore.New(c.db, gormstore.WithTablePrefix(c.outboxOpts.TablePrefix))
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("%w: WithOutbox: %w", ErrInvalidOption, err))
 		} else {
 			b.useStore(c.db, store)
 		}
 	} else if err := gormstore.ValidatePrefix(c.outboxOpts.TablePrefix); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("%w: TablePrefix: %w", ErrInvalidOption, err))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -287,8 +299,11 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 }
 
 func (b *Bus) transportName() string {
-	if b.cfg.transport == transportRabbitMQ {
+	switch b.cfg.transport {
+	case transportRabbitMQ:
 		return "rabbitmq"
+	case transportPostgres:
+		return "postgresql"
 	}
 	return "in-process"
 }

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -671,5 +672,52 @@ func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
 	<-dead
 	if s := b.Stats(); s.Retries != 3 || s.DeadLettered != 1 {
 		t.Fatalf("stats %+v; want 3 retries (4 attempts) and 1 dead letter", s)
+	}
+}
+
+func TestHandlerTimeoutStillDeadLetters(t *testing.T) {
+	t.Parallel()
+	dead := make(chan struct{}, 1)
+	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("timeout-fails", func(e *endpoint.Endpoint) {
+			e.HandlerTimeout = time.Second
+			e.Retry = endpoint.Immediate(2)
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error { return errors.New("no") })
+		})
+		c.ReceiveEndpoint("timeout-fails_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { dead <- struct{}{}; return nil })
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dead:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("an endpoint with HandlerTimeout must still dead-letter; stats %+v", b.Stats())
+	}
+}
+
+func TestDatabaseUnavailableRequeuesInsteadOfDeadLettering(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	done := make(chan struct{})
+	b := start(t, quiet(), bus.ReceiveEndpoint("db-blip", func(e *endpoint.Endpoint) {
+		e.Retry = endpoint.NoRetry()
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			if calls.Add(1) == 1 {
+				return fmt.Errorf("insert row: %w", driver.ErrBadConn)
+			}
+			close(done)
+			return nil
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	drain(t, b)
+	if s := b.Stats(); s.DeadLettered != 0 || s.Requeued != 1 || s.Consumed != 1 {
+		t.Fatalf("stats %+v; a database outage must requeue the message, not dead-letter it", s)
 	}
 }

@@ -2,10 +2,13 @@ package bus
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/endpoint"
@@ -112,7 +116,7 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 			switch {
 			case err == nil:
 				return struct{}{}, nil
-			case errors.Is(err, inbox.ErrBusy):
+			case errors.Is(err, inbox.ErrBusy), ctx.Err() != nil:
 				return struct{}{}, backoff.Permanent(err)
 			case endpoint.IsPermanent(err):
 				return struct{}{}, backoff.Permanent(err)
@@ -135,12 +139,18 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, inbox.ErrBusy):
+		case errors.Is(err, inbox.ErrBusy), ctx.Err() != nil:
+			// Shutting down (the wait for a busy entry ends only then): the
+			// broker redelivers.
 			b.ctr.requeued.Add(1)
-			return requeue(msg) // the broker redelivers once the other delivery settles
-		case msg.Context().Err() != nil:
+			return requeue(msg)
+		case isStoreError(err):
+			// The database failed, not the consumer: dead-lettering would
+			// misfile a healthy message. Requeue after a pause instead.
 			b.ctr.requeued.Add(1)
-			return requeue(msg) // shutting down: the broker redelivers
+			log.WarnContext(ctx, "database unavailable; message requeued", "message_id", msg.UUID, "error", err)
+			pause(ctx, time.Second)
+			return requeue(msg)
 		}
 		if n, ok := redeliveries(ep, msg, err); ok {
 			if rErr := b.redeliver(context.WithoutCancel(ctx), ep, msg, n, err); rErr != nil {
@@ -164,6 +174,43 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		log.WarnContext(ctx, "message dead-lettered", "message_id", msg.UUID, "message_type", msg.Metadata.Get(wire.HeaderMessageType),
 			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
 		return nil
+	}
+}
+
+// isStoreError reports whether err came from the database being
+// unavailable rather than from a consumer: a store operation failed, or a
+// consumer's own statement failed because the connection did.
+func isStoreError(err error) bool {
+	var se *inbox.StoreError
+	if errors.As(err, &se) {
+		return true
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01-03: the server is shutting
+		// down, crashed, or not accepting connections yet.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	return false
+}
+
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
@@ -225,10 +272,12 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		err = b.inTx(ctx, run)
 	default:
-		msg.SetContext(ctx)
+		orig := msg.Context()
+		msg.SetContext(ctx) // the middleware reads the attempt's context from the message
 		_, err = mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
 			return nil, run(m.Context())
 		})(msg)
+		msg.SetContext(orig)
 	}
 	if err == nil && state.ran.Load() {
 		b.ctr.consumed.Add(1)
@@ -241,9 +290,15 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 }
 
 func (b *Bus) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
-	return b.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		return fn(gormstore.WithTx(ctx, tx))
+	var fnErr error
+	err := b.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		fnErr = fn(gormstore.WithTx(ctx, tx))
+		return fnErr
 	})
+	if err != nil && fnErr == nil { // begin or commit failed, not the consumer
+		return &inbox.StoreError{Op: "transaction", Err: err}
+	}
+	return err
 }
 
 func callConsumer(ctx context.Context, r *endpoint.Registration, d *endpoint.Delivery) (err error) {
@@ -370,6 +425,7 @@ func retryBackOff(p endpoint.RetryPolicy) backoff.BackOff {
 		if e.MaxInterval == 0 {
 			e.MaxInterval = 30 * time.Second
 		}
+		e.Multiplier = 2
 		if p.Multiplier != 0 {
 			e.Multiplier = p.Multiplier
 		}

@@ -57,8 +57,8 @@ func WithRabbitMQ(url string, configure func(r *endpoint.RabbitMQ)) Option {
 		if url == "" {
 			return optErr("WithRabbitMQ: empty URL; pass amqp://user:password@host:5672/vhost")
 		}
-		if c.transport == transportRabbitMQ {
-			return optErr("WithRabbitMQ given twice")
+		if c.transport != transportInMemory {
+			return optErr("WithRabbitMQ: a transport is already chosen; give one of WithRabbitMQ and WithPostgresTransport, once")
 		}
 		r := &endpoint.RabbitMQ{}
 		if configure != nil {
@@ -68,8 +68,7 @@ func WithRabbitMQ(url string, configure func(r *endpoint.RabbitMQ)) Option {
 		c.amqpURL = url
 		c.rabbit = r
 		c.endpoints = append(c.endpoints, &r.Endpoints)
-		c.errs = append(c.errs, r.Validate()...)
-		return nil
+		return nil // connection settings are validated by the transport in New
 	}
 }
 

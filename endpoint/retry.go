@@ -40,7 +40,8 @@ type RetryPolicy struct {
 	// Multiplier grows the delay (RetryExponential). Defaults to 2.
 	Multiplier float64
 	// RandomizationFactor adds jitter: each delay is drawn from
-	// [d*(1-f), d*(1+f)] (RetryExponential). Defaults to 0.2.
+	// [d*(1-f), d*(1+f)] (RetryExponential). Exponential sets 0.2; zero
+	// means no jitter.
 	RandomizationFactor float64
 	// ShouldRetry, when set, decides which errors are retried; others are
 	// dead-lettered at once. Errors wrapped with Permanent are never retried.

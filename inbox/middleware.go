@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,9 +24,8 @@ type Middleware struct {
 	LockTimeout time.Duration
 	// SingleTransaction takes the lock inside the processing transaction.
 	SingleTransaction bool
-	// BusyDelay caps how long a delivery that found the entry locked waits
-	// before it is handed back to the broker, so that a requeue does not spin.
-	// Defaults to 1s.
+	// BusyDelay is how often a delivery that found the entry locked by
+	// another checks it again. Defaults to 1s.
 	BusyDelay time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -51,37 +49,66 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if key.MessageID == "" {
 			return nil, errors.New("inbox: message has no id; apply the endpoint's missing-id policy before the inbox")
 		}
+		var handlerErr error
+		ran := false
 		run := func(txCtx context.Context) error {
 			orig := msg.Context()
 			msg.SetContext(txCtx)
 			defer msg.SetContext(orig)
-			_, err := h(msg)
-			return err
+			ran = true
+			_, handlerErr = h(msg)
+			return handlerErr
+		}
+		// storeErr classifies what Process returned: the handler's own
+		// error, a lost lock, or a failure of the database work around it.
+		storeErr := func(op string, err error) error {
+			if err == nil || errors.Is(err, ErrLockLost) || (ran && handlerErr != nil && errors.Is(err, handlerErr)) {
+				return err
+			}
+			return &StoreError{Op: op, Err: err}
 		}
 
 		if m.SingleTransaction {
-			done, err := m.Store.ProcessAndLock(ctx, key, run)
-			if err != nil {
-				return nil, err
+			for {
+				ran, handlerErr = false, nil
+				done, err := m.Store.ProcessAndLock(ctx, key, run)
+				if err != nil {
+					return nil, storeErr("process", err)
+				}
+				if done {
+					return nil, nil
+				}
+				busy, err := m.existingIsBusy(ctx, key, log, busyDelay)
+				if err != nil || !busy {
+					return nil, err
+				}
 			}
-			if !done {
-				return nil, m.settleExisting(ctx, key, log, busyDelay)
-			}
-			return nil, nil
 		}
 
-		lock, err := m.Store.TryLock(ctx, key, m.LockTimeout)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: lock %s/%s: %w", key.MessageID, key.ConsumerType, err)
+		// A delivery that finds the entry locked by another waits here for
+		// that delivery to finish (a duplicate, then) or for its lock to
+		// expire (a crashed delivery, taken over). Waiting in process rather
+		// than requeueing spares the broker a requeue per second, which
+		// quorum queues count towards their delivery limit.
+		var lock Lock
+		for {
+			var err error
+			lock, err = m.Store.TryLock(ctx, key, m.LockTimeout)
+			if err != nil {
+				return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
+			}
+			if lock.State == Processed {
+				m.duplicate(ctx, key, log)
+				return nil, nil
+			}
+			if lock.State == Acquired {
+				break
+			}
+			if err := m.wait(ctx, lock.ExpiresAt, busyDelay); err != nil {
+				return nil, err
+			}
 		}
-		switch lock.State {
-		case Processed:
-			m.duplicate(ctx, key, log)
-			return nil, nil
-		case Busy:
-			return nil, m.busy(ctx, lock.ExpiresAt, busyDelay)
-		}
-		err = m.Store.Process(ctx, key, lock.Token, run)
+		err := m.Store.Process(ctx, key, lock.Token, run)
 		if err == nil {
 			return nil, nil
 		}
@@ -93,22 +120,27 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 					"message_id", key.MessageID, "consumer_type", key.ConsumerType, "error", rerr)
 			}
 		}
-		return nil, err
+		return nil, storeErr("process", err)
 	}
 }
 
-// settleExisting decides, for the single-transaction mode, whether an
-// existing entry is a duplicate (ack) or an in-progress delivery (requeue).
-func (m *Middleware) settleExisting(ctx context.Context, key Key, log *slog.Logger, busyDelay time.Duration) error {
+// existingIsBusy decides, for the single-transaction mode, whether an
+// existing entry is a duplicate (it acks and reports false) or an
+// in-progress delivery (it waits, then reports true so the caller tries
+// again).
+func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logger, busyDelay time.Duration) (bool, error) {
 	entries, err := m.Store.List(ctx, Query{MessageID: key.MessageID, ConsumerType: key.ConsumerType, Limit: 1})
 	if err != nil {
-		return fmt.Errorf("inbox: read entry %s/%s: %w", key.MessageID, key.ConsumerType, err)
+		return false, &StoreError{Op: "read entry " + key.MessageID + "/" + key.ConsumerType, Err: err}
 	}
 	if len(entries) == 1 && entries[0].ProcessedAt == nil {
-		return m.busy(ctx, entries[0].ExpiresAt, busyDelay)
+		if err := m.wait(ctx, entries[0].ExpiresAt, busyDelay); err != nil {
+			return false, err
+		}
+		return true, nil
 	}
 	m.duplicate(ctx, key, log)
-	return nil
+	return false, nil
 }
 
 func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
@@ -118,10 +150,11 @@ func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 	}
 }
 
-// busy waits until the other delivery's lock should be settled (bounded by
-// busyDelay) and returns ErrBusy so the message is requeued, not lost.
-func (m *Middleware) busy(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
-	wait := time.Until(expiresAt)
+// wait sleeps until the other delivery's lock should be settled, at most
+// busyDelay, and returns ErrBusy if ctx ends first (the message is then
+// requeued, not lost).
+func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
+	wait := time.Until(expiresAt) + 10*time.Millisecond
 	if wait > busyDelay || wait <= 0 {
 		wait = busyDelay
 	}
@@ -129,7 +162,8 @@ func (m *Middleware) busy(ctx context.Context, expiresAt time.Time, busyDelay ti
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+		return ErrBusy
 	case <-t.C:
+		return nil
 	}
-	return ErrBusy
 }

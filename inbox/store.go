@@ -117,3 +117,15 @@ var ErrLockLost = errors.New("inbox: lock lost to another delivery (InboxLockTim
 // ErrBusy is returned by the middleware for a message whose inbox entry is
 // locked by another delivery; the message goes back to the broker.
 var ErrBusy = errors.New("inbox: message is being processed by another delivery; requeued")
+
+// StoreError wraps a failure of the inbox's own database work (taking,
+// marking or releasing a lock; beginning or committing the transaction), as
+// opposed to a failure of the consumer. The bus requeues such messages
+// instead of dead-lettering them: the message is fine, the database is not.
+type StoreError struct {
+	Op  string
+	Err error
+}
+
+func (e *StoreError) Error() string { return "inbox: " + e.Op + ": " + e.Err.Error() }
+func (e *StoreError) Unwrap() error { return e.Err }
