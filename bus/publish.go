@@ -121,6 +121,14 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 		}
 	}
 	if tx != nil {
+		// A transport that writes in the caller's transaction (PostgreSQL
+		// on the same database) needs no outbox row and no relay hop.
+		if done, err := b.deliverInTx(ctx, tx, m); done {
+			if err != nil {
+				return fmt.Errorf("bus: publish in transaction: %w", err)
+			}
+			return nil
+		}
 		if b.outboxSt == nil {
 			return ErrNotStarted
 		}

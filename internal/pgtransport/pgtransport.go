@@ -1,0 +1,751 @@
+// Package pgtransport is the PostgreSQL transport: a bus with no broker.
+// Every endpoint queue is a set of rows in one table; consumers claim rows
+// one at a time with FOR UPDATE SKIP LOCKED and lease them, so several
+// consumers of one queue, in one process or many, each get a different
+// message; publishing fans a message out to every queue bound to its
+// exchange, using a bindings table that every process writes at Start.
+//
+// Publishing goes through watermill-sql v4's Publisher with this package's
+// SchemaAdapter, on the pool (Deliver) or on the caller's transaction
+// (DeliverTx). Consuming uses the same adapter's claim query, driven by
+// this package's own loop rather than watermill-sql's Subscriber; see
+// docs/transports.md for why.
+package pgtransport
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+var _ transport.Transport = (*Transport)(nil)
+
+// Errors.
+var (
+	// ErrNoQueue is returned by Deliver for a send to a queue that no
+	// process declared.
+	ErrNoQueue = errors.New("pgtransport: no such queue")
+	// ErrNotSameDatabase is returned by DeliverTx when the transaction in
+	// the context is not on the transport's database; the caller then
+	// writes to its outbox instead.
+	ErrNotSameDatabase = errors.New("pgtransport: the transaction is not on the transport's database")
+	errClosed          = errors.New("pgtransport: transport closed")
+)
+
+// Defaults of Config.
+const (
+	DefaultPollInterval           = time.Second
+	DefaultLease                  = 30 * time.Second
+	DefaultRedeliveryDelay        = 100 * time.Millisecond
+	DefaultLongTransactionWarning = time.Minute
+)
+
+// Config configures the transport. Zero fields take the defaults.
+type Config struct {
+	// TablePrefix prefixes the transport's tables (queue_messages,
+	// queues, bindings). Defaults to "barewire_".
+	TablePrefix string
+	// PollInterval is the safety-net poll of an idle consumer; a NOTIFY
+	// sent when a message commits wakes it sooner. Defaults to 1s.
+	PollInterval time.Duration
+	// Lease is how long a claimed message stays invisible to other
+	// consumers. It is extended while the handler runs, so it only bounds
+	// how soon a message held by a crashed process is redelivered.
+	// Defaults to 30s.
+	Lease time.Duration
+	// RedeliveryDelay is how long a nacked message waits before any
+	// consumer may take it again. Other messages are not held up.
+	// Defaults to 100ms; negative means at once.
+	RedeliveryDelay time.Duration
+	// LongTransactionWarning logs a warning for every transaction on the
+	// database open longer than this (it holds back the cleanup of
+	// acknowledged rows, which slows claims). Defaults to 1 minute;
+	// negative disables the check.
+	LongTransactionWarning time.Duration
+	// LongTransactionCheckInterval is how often the check runs. Defaults
+	// to half of LongTransactionWarning, at most 30s.
+	LongTransactionCheckInterval time.Duration
+	// DisableAutoMigrate stops Start from creating the tables; apply
+	// MigrationSQL with your own tool.
+	DisableAutoMigrate bool
+}
+
+func (c *Config) defaults() {
+	if c.TablePrefix == "" {
+		c.TablePrefix = DefaultTablePrefix
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.RedeliveryDelay == 0 {
+		c.RedeliveryDelay = DefaultRedeliveryDelay
+	} else if c.RedeliveryDelay < 0 {
+		c.RedeliveryDelay = 0
+	}
+	if c.LongTransactionWarning == 0 {
+		c.LongTransactionWarning = DefaultLongTransactionWarning
+	}
+	if c.LongTransactionCheckInterval == 0 && c.LongTransactionWarning > 0 {
+		c.LongTransactionCheckInterval = min(c.LongTransactionWarning/2, 30*time.Second)
+	}
+}
+
+// Validate reports every problem with c (before defaults apply).
+func (c Config) Validate() []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("pgtransport: "+format, args...)) }
+	if c.TablePrefix != "" {
+		if err := ValidatePrefix(c.TablePrefix); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.PollInterval < 0 {
+		bad("PollInterval %v is negative", c.PollInterval)
+	}
+	if c.Lease < 0 {
+		bad("Lease %v is negative", c.Lease)
+	} else if c.Lease > 0 && c.Lease < 100*time.Millisecond {
+		bad("Lease %v is too short; use at least 100ms", c.Lease)
+	}
+	if c.LongTransactionCheckInterval < 0 {
+		bad("LongTransactionCheckInterval %v is negative", c.LongTransactionCheckInterval)
+	}
+	return errs
+}
+
+// Transport is the PostgreSQL transport. It is safe for concurrent use.
+type Transport struct {
+	sqlDB  *sql.DB
+	cfg    Config
+	log    *slog.Logger
+	n      names
+	schema schemaAdapter
+	pub    *wsql.Publisher
+
+	ctx    context.Context // lifetime: canceled by Close; messages' contexts derive from it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	signals  map[string]*signal
+	known    map[string]bool     // queues known to exist
+	local    map[string][]string // exchange → local queues bound to it
+	listenOK bool
+
+	pendingMu sync.Mutex
+	pending   map[string]bool // destinations to notify
+	kick      chan struct{}
+}
+
+// New returns a transport on db, which must be a PostgreSQL database opened
+// with gorm.io/driver/postgres (the pgx driver). It does no I/O.
+func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
+	if db == nil || db.Config == nil || db.Dialector == nil {
+		return nil, errors.New("pgtransport: db is nil; pass a *gorm.DB opened with gorm.io/driver/postgres")
+	}
+	if name := db.Dialector.Name(); name != "postgres" {
+		return nil, fmt.Errorf("pgtransport: db is %q; the PostgreSQL transport needs a PostgreSQL database", name)
+	}
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	cfg.defaults()
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("pgtransport: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	n := namesFor(cfg.TablePrefix)
+	schema := newSchemaAdapter(n, cfg.Lease)
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(sqlDB), wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
+	if err != nil {
+		return nil, fmt.Errorf("pgtransport: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Transport{
+		sqlDB: sqlDB, cfg: cfg, log: log.With("transport", "postgres"), n: n, schema: schema, pub: pub,
+		ctx: ctx, cancel: cancel, signals: map[string]*signal{}, known: map[string]bool{}, local: map[string][]string{},
+		pending: map[string]bool{}, kick: make(chan struct{}, 1),
+	}, nil
+}
+
+// Tables returns the names of the transport's tables.
+func (t *Transport) Tables() (messages, queues, bindings string) {
+	return t.n.messages, t.n.queues, t.n.bindings
+}
+
+// Start creates the tables (unless DisableAutoMigrate), declares each
+// endpoint's queue and error queue, binds the queue to one exchange per
+// consumed message type and to the endpoint's extra bindings, and starts
+// listening for new messages and watching for long transactions.
+// Declaring is idempotent.
+func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errClosed
+	}
+	if t.started {
+		return errors.New("pgtransport: already started")
+	}
+	var queues, bx, bq []string
+	for _, ep := range eps {
+		queues = append(queues, ep.Name())
+		if ep.ErrorQueue != "" {
+			queues = append(queues, ep.ErrorQueue)
+		}
+		for _, typ := range ep.MessageTypes() {
+			bx, bq = append(bx, typ), append(bq, ep.Name())
+		}
+		for _, b := range ep.Bindings {
+			bx, bq = append(bx, b.Exchange), append(bq, ep.Name())
+		}
+	}
+	err := t.inTx(ctx, func(tx *sql.Tx) error {
+		if !t.cfg.DisableAutoMigrate {
+			// CREATE ... IF NOT EXISTS races with a concurrent CREATE, so
+			// processes starting together take turns (per prefix).
+			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryKey("barewire:pgtransport:"+t.n.messages)); err != nil {
+				return err
+			}
+			for _, stmt := range migrationStatements(t.n) {
+				if _, err := tx.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
+				}
+			}
+		}
+		if len(queues) > 0 {
+			if _, err := tx.ExecContext(ctx, t.n.expand(`INSERT INTO {queues} (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`), queues); err != nil {
+				return fmt.Errorf("declare queues: %w", err)
+			}
+		}
+		if len(bx) > 0 {
+			if _, err := tx.ExecContext(ctx, t.n.expand(`INSERT INTO {bindings} (exchange, queue) SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING`), bx, bq); err != nil {
+				return fmt.Errorf("declare bindings: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("pgtransport: start: %w", err)
+	}
+	for _, q := range queues {
+		t.known[q] = true
+	}
+	for i, x := range bx {
+		if !slices.Contains(t.local[x], bq[i]) {
+			t.local[x] = append(t.local[x], bq[i])
+		}
+	}
+	t.started = true
+	t.wg.Go(func() { t.listenLoop(t.ctx) })
+	t.wg.Go(func() { t.notifyLoop(t.ctx) })
+	if t.cfg.LongTransactionWarning > 0 {
+		t.wg.Go(func() { t.watchLongTransactions(t.ctx) })
+	}
+	t.log.DebugContext(ctx, "postgres transport started", "queues", len(queues), "bindings", len(bx), "table", t.n.messages)
+	return nil
+}
+
+// Deliver writes msgs to their queues: an "exchange:<X>" message gets one
+// row in every queue bound to X (none when nothing is bound, as with a
+// broker), a "queue:<Q>" message one row in Q, or ErrNoQueue when no process
+// declared Q. A nil error means the row is committed.
+func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	if t.isClosed() {
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %w", errClosed, outbox.ErrTransportUnavailable)
+		}
+		return errs
+	}
+	idx := t.checkQueues(ctx, msgs, errs)
+	if len(idx) == 0 {
+		return errs
+	}
+	defer t.notifyDelivered(msgs, errs)
+	err := t.publish(ctx, t.pub, msgs, idx)
+	if err == nil {
+		return errs
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && len(idx) > 1 {
+		// The server refused the batch (say, an id PostgreSQL cannot
+		// store): deliver one by one so that only the bad message fails.
+		for _, i := range idx {
+			errs[i] = t.publish(ctx, t.pub, msgs, []int{i})
+		}
+		return errs
+	}
+	for _, i := range idx {
+		errs[i] = err
+	}
+	return errs
+}
+
+// notifyDelivered queues a notification for the destinations of the
+// messages written.
+func (t *Transport) notifyDelivered(msgs []*outbox.Message, errs []error) {
+	t.pendingMu.Lock()
+	n := 0
+	for i, m := range msgs {
+		if errs[i] == nil {
+			kind, name := wire.ParseDestination(m.Destination)
+			t.pending[kind+":"+name] = true
+			n++
+		}
+	}
+	t.pendingMu.Unlock()
+	if n > 0 {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// notifyLoop sends the queued notifications, one statement for all the
+// destinations gathered since the last one, outside the inserting
+// transactions (see schemaAdapter.notify), and wakes local consumers at
+// once.
+func (t *Transport) notifyLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.kick:
+		}
+		t.pendingMu.Lock()
+		dests := slices.Collect(maps.Keys(t.pending))
+		clear(t.pending)
+		t.pendingMu.Unlock()
+		if len(dests) == 0 {
+			continue
+		}
+		for _, d := range dests {
+			t.wakeDestination(d)
+		}
+		qctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		_, err := t.sqlDB.ExecContext(qctx, `SELECT pg_notify($1, d) FROM unnest($2::text[]) AS d`, t.n.channel, dests)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			// Other processes' consumers find the messages at their next poll.
+			t.log.Debug("postgres transport: NOTIFY failed", "error", err)
+		}
+	}
+}
+
+// wakeDestination wakes the local consumers of the queues a destination
+// reaches: the queue itself, or the local queues bound to the exchange.
+func (t *Transport) wakeDestination(dest string) {
+	kind, name := wire.ParseDestination(dest)
+	if kind == "queue" {
+		t.wake(name)
+		return
+	}
+	t.mu.Lock()
+	qs := slices.Clone(t.local[name])
+	t.mu.Unlock()
+	for _, q := range qs {
+		t.wake(q)
+	}
+}
+
+// DeliverTx writes msgs in the transaction carried by ctx (put there with
+// gormstore.WithTx): they become visible, and consumers are woken, when it
+// commits, and vanish if it rolls back. It returns ErrNotSameDatabase when
+// that transaction is not on the transport's database (the caller should
+// then use its outbox), outbox.ErrNoTransaction when ctx carries none, and
+// ErrNoQueue for a send to an undeclared queue (checked before anything is
+// written, so the transaction stays usable).
+func (t *Transport) DeliverTx(ctx context.Context, msgs []*outbox.Message) error {
+	tx, ok := gormstore.TxFromContext(ctx)
+	if !ok {
+		return outbox.ErrNoTransaction
+	}
+	if !t.SharesDB(tx) {
+		return ErrNotSameDatabase
+	}
+	if t.isClosed() {
+		return fmt.Errorf("%w: %w", errClosed, outbox.ErrTransportUnavailable)
+	}
+	errs := make([]error, len(msgs))
+	idx := t.checkQueues(ctx, msgs, errs)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// The NOTIFY goes in the caller's transaction: it is sent when (and
+	// only if) that transaction commits.
+	pub, err := wsql.NewPublisher(connPoolExecutor{tx.Statement.ConnPool}, wsql.PublisherConfig{SchemaAdapter: t.schema.withNotify()}, watermill.NopLogger{})
+	if err != nil {
+		return fmt.Errorf("pgtransport: %w", err)
+	}
+	return t.publish(ctx, pub, msgs, idx)
+}
+
+// SharesDB reports whether tx (a *gorm.DB, in a transaction or not) runs on
+// the transport's connection pool, so that DeliverTx can write in it.
+func (t *Transport) SharesDB(tx *gorm.DB) bool {
+	if tx == nil || tx.Config == nil || tx.Dialector == nil || tx.Dialector.Name() != "postgres" {
+		return false
+	}
+	sqlDB, err := tx.DB()
+	return err == nil && sqlDB == t.sqlDB
+}
+
+// publish inserts msgs[idx] through a watermill-sql Publisher.
+func (t *Transport) publish(ctx context.Context, pub *wsql.Publisher, msgs []*outbox.Message, idx []int) error {
+	wms := make([]*message.Message, len(idx))
+	for j, i := range idx {
+		wms[j] = toWatermill(msgs[i])
+	}
+	wms[0].SetContext(ctx)
+	err := pub.Publish(topic, wms...)
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("pgtransport: %w", err)
+	}
+	// Not judged by the server: connection trouble or a canceled context.
+	return fmt.Errorf("pgtransport: %w: %w", err, outbox.ErrTransportUnavailable)
+}
+
+// checkQueues fails the sends to undeclared queues and returns the indexes
+// of the messages that may be written.
+func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, errs []error) []int {
+	var unknown []string
+	t.mu.Lock()
+	for _, m := range msgs {
+		if kind, name := wire.ParseDestination(m.Destination); kind == "queue" && !t.known[name] && !slices.Contains(unknown, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	t.mu.Unlock()
+	lookupErr := error(nil)
+	if len(unknown) > 0 {
+		found, err := t.lookupQueues(ctx, unknown)
+		if err != nil {
+			lookupErr = fmt.Errorf("pgtransport: look up queues: %w: %w", err, outbox.ErrTransportUnavailable)
+		}
+		t.mu.Lock()
+		for _, q := range found {
+			t.known[q] = true // queues are never dropped by the transport
+		}
+		t.mu.Unlock()
+	}
+	idx := make([]int, 0, len(msgs))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, m := range msgs {
+		kind, name := wire.ParseDestination(m.Destination)
+		switch {
+		case name == "":
+			errs[i] = fmt.Errorf("pgtransport: message %q: empty destination %q", m.MessageID, m.Destination)
+		case kind == "queue" && !t.known[name] && lookupErr != nil:
+			errs[i] = lookupErr
+		case kind == "queue" && !t.known[name]:
+			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
+		default:
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+func (t *Transport) lookupQueues(ctx context.Context, queues []string) ([]string, error) {
+	rows, err := t.sqlDB.QueryContext(ctx, t.n.expand(`SELECT name FROM {queues} WHERE name = ANY($1::text[])`), queues)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var q string
+		if err := rows.Scan(&q); err != nil {
+			return nil, err
+		}
+		found = append(found, q)
+	}
+	return found, rows.Err()
+}
+
+func (t *Transport) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := t.sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// toWatermill builds the row's message: the headers plus the message's own
+// fields (id, type, content type, correlation id, destination) as headers,
+// as the other transports deliver them.
+func toWatermill(m *outbox.Message) *message.Message {
+	h := make(message.Metadata, len(m.Headers)+5)
+	maps.Copy(h, m.Headers)
+	set := func(k, v string) {
+		if v != "" {
+			h[k] = v
+		}
+	}
+	set(wire.HeaderMessageID, m.MessageID)
+	set(wire.HeaderMessageType, m.MessageType)
+	set(wire.HeaderContentType, m.ContentType)
+	set(wire.HeaderCorrelationID, m.CorrelationID)
+	kind, name := wire.ParseDestination(m.Destination)
+	h[wire.HeaderDestination] = kind + ":" + name
+	wm := message.NewMessage(m.MessageID, m.Payload)
+	wm.Metadata = h
+	return wm
+}
+
+// connPoolExecutor runs watermill-sql's queries on a GORM connection pool,
+// which is a *sql.Tx inside a transaction.
+type connPoolExecutor struct{ p gorm.ConnPool }
+
+func (e connPoolExecutor) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	return e.p.ExecContext(ctx, q, args...)
+}
+
+func (e connPoolExecutor) QueryContext(ctx context.Context, q string, args ...any) (wsql.Rows, error) {
+	return e.p.QueryContext(ctx, q, args...)
+}
+
+// Len returns how many messages queue holds, in flight or not (for tests,
+// samples and operations).
+func (t *Transport) Len(ctx context.Context, queue string) (int, error) {
+	var n int
+	err := t.sqlDB.QueryRowContext(ctx, t.n.expand(`SELECT count(*) FROM {messages} WHERE queue = $1`), queue).Scan(&n)
+	return n, err
+}
+
+// Health reports nil while the database answers.
+func (t *Transport) Health(ctx context.Context) error {
+	if t.isClosed() {
+		return errClosed
+	}
+	if err := t.sqlDB.PingContext(ctx); err != nil {
+		return fmt.Errorf("pgtransport: %w", err)
+	}
+	return nil
+}
+
+// Close stops every subscription and background task. A message still in
+// a handler stays leased and is redelivered after Lease. The database is
+// the caller's and stays open.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait()
+	// The watermill-sql Publisher holds no resources (Deliver checks
+	// closed itself), so it is left as it is: closing it would race with a
+	// Deliver still running.
+	return nil
+}
+
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// signal wakes the idle consumers of one queue, one at a time: it holds at
+// most one token, a notification puts it there (or leaves it if one is
+// already waiting), and the consumer that takes it passes it on after a
+// successful claim, so a burst of messages ramps up every consumer while a
+// single message costs at most one empty claim. A token put while every
+// consumer is busy waits for the next one to go idle: no wake-up is lost.
+type signal struct{ ch chan struct{} }
+
+func (s *signal) fire() {
+	select {
+	case s.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (t *Transport) signal(queue string) *signal {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.signals[queue]
+	if s == nil {
+		s = &signal{ch: make(chan struct{}, 1)}
+		t.signals[queue] = s
+	}
+	return s
+}
+
+// wake wakes the local consumers of queue ("" wakes all).
+func (t *Transport) wake(queue string) {
+	t.mu.Lock()
+	var ss []*signal
+	if queue == "" {
+		ss = slices.Collect(maps.Values(t.signals))
+	} else if s := t.signals[queue]; s != nil {
+		ss = []*signal{s}
+	}
+	t.mu.Unlock()
+	for _, s := range ss {
+		s.fire()
+	}
+}
+
+// listenLoop LISTENs on the transport's channel on a dedicated connection
+// and wakes the consumers of each notified queue, reconnecting with a
+// backoff. While it is down, consumers still poll.
+func (t *Transport) listenLoop(ctx context.Context) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := t.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		t.log.Warn("postgres transport: LISTEN connection lost; consumers poll until it is back", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 10*time.Second)
+	}
+}
+
+func (t *Transport) listen(ctx context.Context) error {
+	conn, err := t.sqlDB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var loopErr error
+	_ = conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			loopErr = fmt.Errorf("need the pgx stdlib driver, have %T", dc)
+			return nil
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, `LISTEN "`+t.n.channel+`"`); err != nil {
+			loopErr = err
+			return driver.ErrBadConn
+		}
+		t.mu.Lock()
+		t.listenOK = true
+		t.mu.Unlock()
+		defer func() {
+			t.mu.Lock()
+			t.listenOK = false
+			t.mu.Unlock()
+		}()
+		// Anything committed while no one listened is found now.
+		t.wake("")
+		for {
+			n, err := pc.WaitForNotification(ctx)
+			if err != nil {
+				loopErr = err
+				// The session is subscribed or its wait was cut short:
+				// not fit for the pool any more.
+				return driver.ErrBadConn
+			}
+			t.wakeDestination(n.Payload)
+		}
+	})
+	return loopErr
+}
+
+// Listening reports whether the NOTIFY listener is connected (for tests
+// and health pages; consumers poll when it is not).
+func (t *Transport) Listening() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.listenOK
+}
+
+// watchLongTransactions logs a warning for each transaction open longer
+// than LongTransactionWarning on this database. Such a transaction holds
+// back vacuum, so acknowledged (deleted) rows pile up and every claim has
+// to step over them: delivery slows down rather than stalls, and this log
+// says why and since when.
+func (t *Transport) watchLongTransactions(ctx context.Context) {
+	tick := time.NewTicker(t.cfg.LongTransactionCheckInterval)
+	defer tick.Stop()
+	const q = `SELECT pid, extract(epoch FROM now() - xact_start)::float8, coalesce(state, ''),
+    coalesce(application_name, ''), left(coalesce(query, ''), 200)
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+    AND xact_start < now() - make_interval(secs => $1)
+    AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+ORDER BY xact_start LIMIT 5`
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rows, err := t.sqlDB.QueryContext(qctx, q, t.cfg.LongTransactionWarning.Seconds())
+		if err != nil {
+			cancel()
+			if ctx.Err() == nil {
+				t.log.Debug("postgres transport: long-transaction check failed", "error", err)
+			}
+			continue
+		}
+		for rows.Next() {
+			var (
+				pid               int
+				age               float64
+				state, app, query string
+			)
+			if rows.Scan(&pid, &age, &state, &app, &query) != nil {
+				continue
+			}
+			t.log.Warn("postgres transport: a long-running transaction holds back cleanup of acknowledged queue rows; delivery continues but claims slow down until it ends",
+				"age", (time.Duration(age * float64(time.Second))).Round(time.Millisecond).String(), "pid", pid, "state", state,
+				"application_name", app, "query", query, "table", t.n.messages)
+		}
+		_ = rows.Close()
+		cancel()
+	}
+}
+
+func advisoryKey(name string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return int64(h.Sum64())
+}
