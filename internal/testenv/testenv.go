@@ -1,7 +1,3 @@
-// Package testenv gives integration tests their service addresses. Without
-// the environment variable a test skips and says which variable to set;
-// under CI (CI=true) a missing variable fails the test instead, so that an
-// integration test can never pass CI by skipping.
 package testenv
 
 import (

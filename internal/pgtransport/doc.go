@@ -1,0 +1,13 @@
+// Package pgtransport is the PostgreSQL transport: a bus with no broker.
+// Every endpoint queue is a set of rows in one table; consumers claim rows
+// one at a time with FOR UPDATE SKIP LOCKED and lease them, so several
+// consumers of one queue, in one process or many, each get a different
+// message; publishing fans a message out to every queue bound to its
+// exchange, using a bindings table that every process writes at Start.
+//
+// Publishing goes through watermill-sql v4's Publisher with this package's
+// SchemaAdapter, on the pool (Deliver) or on the caller's transaction
+// (DeliverTx). Consuming uses the same adapter's claim query, driven by
+// this package's own loop rather than watermill-sql's Subscriber; see
+// docs/transports.md for why.
+package pgtransport
