@@ -137,7 +137,7 @@ func TestTelemetryTraceAcrossOutboxHop(t *testing.T) {
 		t.Helper()
 		got := map[string]string{}
 		for _, kv := range s.Attributes {
-			got[string(kv.Key)] = kv.Value.Emit()
+			got[string(kv.Key)] = kv.Value.String()
 		}
 		for k, v := range want {
 			if got[k] != v {

@@ -383,7 +383,7 @@ func (s *spanStore) traces(id string) []traceJSON {
 			js.Status = sp.Status().Code.String() + ": " + sp.Status().Description
 		}
 		for _, kv := range sp.Attributes() {
-			js.Attributes[string(kv.Key)] = kv.Value.Emit()
+			js.Attributes[string(kv.Key)] = kv.Value.String()
 		}
 		t.Spans = append(t.Spans, js)
 	}
