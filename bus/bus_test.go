@@ -633,7 +633,7 @@ func TestHandlerTimeoutAppliesPerAttempt(t *testing.T) {
 	var calls atomic.Int32
 	done := make(chan struct{})
 	b := start(t, quiet(), bus.ReceiveEndpoint("timeouts", func(e *endpoint.Endpoint) {
-		e.HandlerTimeout = 50 * time.Millisecond
+		e.HandlerTimeout = 500 * time.Millisecond // generous: the inbox's own statements run under it too
 		e.Retry = endpoint.Immediate(1)
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 			if calls.Add(1) == 1 {
