@@ -15,8 +15,8 @@ func BenchmarkToPublishing(b *testing.B) {
 	m := &outbox.Message{
 		ID: 42, MessageID: "0b4f6a8e-5c1d-4c55-9d0e-6f1f4f3b2a10", Destination: "exchange:OrderPlaced",
 		MessageType: "OrderPlaced", ContentType: "application/json", CorrelationID: "corr-1",
-		Headers: map[string]string{"tenant": "acme", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-		Payload: []byte(`{"orderId":"o-1","amount":12.5,"pad":"` + strings.Repeat("x", 200) + `"}`),
+		Headers:   map[string]string{"tenant": "acme", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Payload:   []byte(`{"orderId":"o-1","amount":12.5,"pad":"` + strings.Repeat("x", 200) + `"}`),
 		CreatedAt: time.Now(),
 	}
 	now := time.Now()

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// barewirePipe is the pipeline under test: BareWire on PostgreSQL and
+// RabbitMQ. The producer commits a business row and PublishTx in one
+// b.Transaction; the relay sends the outbox row to RabbitMQ; an endpoint
+// with the inbox writes one business row per message in the inbox's
+// transaction.
+type barewirePipe struct {
+	cfg   *config
+	env   *env
+	tr    *tracker
+	label string
+
+	inbox      endpoint.InboxMode
+	outboxOpts func(*outbox.Options)
+	// plainTx produces with db.Transaction instead of b.Transaction: no
+	// in-process wake after commit, so the relay is woken by PostgreSQL
+	// NOTIFY (or its re-checks), as for a commit made by another process.
+	plainTx bool
+	// noConsumer leaves the queue without an endpoint (relay-only runs).
+	noConsumer bool
+	lg         logger.Interface
+
+	db                                       *gorm.DB
+	b                                        *bus.Bus
+	tag, typ, queue, prefix, orders, effects string
+}
+
+func newBareWire(cfg *config, e *env, tr *tracker, label string) *barewirePipe {
+	p := &barewirePipe{cfg: cfg, env: e, tr: tr, label: label, inbox: cfg.inbox}
+	p.tag = e.name(label)
+	p.prefix = p.tag + "_"
+	p.orders = p.tag + "_orders"
+	p.effects = p.tag + "_effects"
+	p.typ = "BenchOrder." + p.tag
+	p.queue = p.tag + ".q"
+	return p
+}
+
+func (p *barewirePipe) Name() string { return "barewire" }
+
+func benchLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// prepare opens the database and creates the business tables; Start calls
+// it, and the backlog scenario calls it before filling the outbox.
+func (p *barewirePipe) prepare(ctx context.Context) error {
+	if p.db != nil {
+		return nil
+	}
+	p.env.addTables(p.prefix+"inbox", p.prefix+"outbox", p.orders, p.effects)
+	p.env.addQueues(p.queue, p.queue+"_error")
+	p.env.addExchanges(p.typ)
+	db, err := openHookedPostgres(p.env.dsn, p.cfg.producers+p.cfg.consumers+8, p.lg)
+	if err != nil {
+		return err
+	}
+	p.db = db
+	for _, ddl := range businessDDL(p.orders, p.effects) {
+		if err := db.WithContext(ctx).Exec(ddl).Error; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *barewirePipe) options() []bus.Option {
+	consumers := p.cfg.consumers
+	opts := []bus.Option{
+		bus.WithLogger(benchLogger()),
+		bus.WithInstanceID("barewire-bench-" + p.tag),
+		bus.WithOutbox(p.db, func(o *outbox.Options) {
+			o.TablePrefix = p.prefix
+			if p.cfg.relayWorkers > 0 {
+				o.RelayWorkers = p.cfg.relayWorkers
+			}
+			if p.outboxOpts != nil {
+				p.outboxOpts(o)
+			}
+		}),
+		bus.WithRabbitMQ(p.env.url, func(r *endpoint.RabbitMQ) {
+			if p.noConsumer {
+				return
+			}
+			r.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
+				e.ConcurrentMessageLimit = consumers
+				e.PrefetchCount = 2 * consumers
+				e.Inbox = p.inbox
+				endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
+			})
+		}),
+	}
+	return opts
+}
+
+func (p *barewirePipe) Start(ctx context.Context) error {
+	if err := p.prepare(ctx); err != nil {
+		return err
+	}
+	b, err := bus.New(p.options()...)
+	if err != nil {
+		return err
+	}
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
+	p.b = b
+	return nil
+}
+
+// consume is the endpoint's consumer: one business row in the bus's
+// transaction; the tracker hears of it once that transaction commits.
+func (p *barewirePipe) consume(ctx context.Context, c *endpoint.Context[benchMsg]) error {
+	started := time.Now()
+	tx := bus.TxFromContext(ctx)
+	if err := tx.Exec("INSERT INTO "+p.effects+" (message_id, amount) VALUES (?, ?)", c.MessageID, c.Message.Amount).Error; err != nil {
+		return err
+	}
+	id, ts := c.MessageID, c.Message.TS
+	if !afterCommit(tx, func(at time.Time) { p.tr.consumedMsgStaged(id, ts, started, at) }) {
+		p.tr.consumedMsgStaged(id, ts, started, time.Now())
+	}
+	return nil
+}
+
+func (p *barewirePipe) Produce(ctx context.Context, id string, m benchMsg) error {
+	h := bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: p.typ}
+	fn := func(tx *gorm.DB) error {
+		if err := tx.Exec("INSERT INTO "+p.orders+" (message_id, amount) VALUES (?, ?)", id, m.Amount).Error; err != nil {
+			return err
+		}
+		m.TS = time.Now().UnixNano()
+		if err := p.b.PublishTx(ctx, tx, m, h); err != nil {
+			return err
+		}
+		if !afterCommit(tx, func(at time.Time) { p.tr.committed(id, at) }) {
+			return fmt.Errorf("transaction is not hooked")
+		}
+		return nil
+	}
+	if p.plainTx {
+		return p.db.WithContext(ctx).Transaction(fn)
+	}
+	return p.b.Transaction(ctx, fn)
+}
+
+func (p *barewirePipe) Verify(ctx context.Context) (int64, int64, error) {
+	var r struct{ N, D int64 }
+	err := p.db.WithContext(ctx).Raw("SELECT count(*) AS n, count(DISTINCT message_id) AS d FROM " + p.effects).Scan(&r).Error
+	return r.N, r.D, err
+}
+
+func (p *barewirePipe) Close(ctx context.Context) error {
+	var errs []error
+	if p.b != nil {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		errs = append(errs, p.b.Stop(sctx))
+		cancel()
+	}
+	if p.db != nil {
+		if sqlDB, err := p.db.DB(); err == nil {
+			errs = append(errs, sqlDB.Close())
+		}
+	}
+	return joinErrs(errs...)
+}
+
+// Diag reports where messages wait (outbox or broker queue).
+func (p *barewirePipe) Diag(ctx context.Context) map[string]any {
+	return waiting(ctx, p, p.prefix+"outbox", p.env.url, p.queue, func(ctx context.Context, q string) (int64, error) {
+		var n int64
+		err := p.db.WithContext(ctx).Raw(q).Scan(&n).Error
+		return n, err
+	})
+}

@@ -1,0 +1,182 @@
+package gormstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// benchStores runs fn on a fresh store on in-memory SQLite and, when
+// BAREWIRE_TEST_POSTGRES_DSN is set, on PostgreSQL (own table prefix,
+// dropped afterwards).
+func benchStores(b *testing.B, fn func(b *testing.B, s *gormstore.Store, db *gorm.DB)) {
+	b.Run("sqlite", func(b *testing.B) {
+		db, err := gormstore.OpenSQLite("")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { closeBenchDB(b, db) })
+		fn(b, migratedForBench(b, db, gormstore.DefaultTablePrefix), db)
+	})
+	b.Run("postgres", func(b *testing.B) {
+		dsn := os.Getenv("BAREWIRE_TEST_POSTGRES_DSN")
+		if dsn == "" {
+			b.Skip("set BAREWIRE_TEST_POSTGRES_DSN to benchmark on PostgreSQL")
+		}
+		db, err := gormstore.OpenPostgres(dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rb := make([]byte, 5)
+		_, _ = rand.Read(rb)
+		prefix := "bwbench_" + hex.EncodeToString(rb) + "_"
+		b.Cleanup(func() {
+			db.Exec("DROP TABLE IF EXISTS " + prefix + "inbox, " + prefix + "outbox")
+			closeBenchDB(b, db)
+		})
+		fn(b, migratedForBench(b, db, prefix), db)
+	})
+}
+
+func migratedForBench(b *testing.B, db *gorm.DB, prefix string) *gormstore.Store {
+	b.Helper()
+	s, err := gormstore.New(db, gormstore.WithTablePrefix(prefix))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+func closeBenchDB(b *testing.B, db *gorm.DB) {
+	sqlDB, err := db.DB()
+	if err == nil {
+		err = sqlDB.Close()
+	}
+	if err != nil {
+		b.Error(err)
+	}
+}
+
+func benchMessage(id string) *outbox.Message {
+	return &outbox.Message{
+		MessageID: id, Destination: "exchange:OrderPlaced", MessageType: "OrderPlaced", ContentType: "application/json",
+		Headers: map[string]string{"tenant": "acme"},
+		Payload: []byte(`{"orderId":"o-1","amount":12.5,"pad":"` + strings.Repeat("x", 200) + `"}`),
+	}
+}
+
+// BenchmarkOutboxAdd is what PublishTx costs the producer's transaction:
+// one transaction per op holding one Add of one message.
+func BenchmarkOutboxAdd(b *testing.B) {
+	benchStores(b, func(b *testing.B, s *gormstore.Store, db *gorm.DB) {
+		ctx := context.Background()
+		i := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			i++
+			err := db.Transaction(func(tx *gorm.DB) error {
+				return s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{benchMessage("add-" + strconv.Itoa(i))})
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkOutboxClaimMark is the relay's database work per batch of 100:
+// claim (lease) and mark delivered. ns/op is per message.
+func BenchmarkOutboxClaimMark(b *testing.B) {
+	benchStores(b, func(b *testing.B, s *gormstore.Store, db *gorm.DB) {
+		ctx := context.Background()
+		const batch = 100
+		// Pre-fill outside the timer, enough rows for every claim.
+		fill := func(n int, round int) {
+			for done := 0; done < n; done += 1000 {
+				msgs := make([]*outbox.Message, 0, 1000)
+				for j := done; j < min(done+1000, n); j++ {
+					msgs = append(msgs, benchMessage(fmt.Sprintf("cm-%d-%d", round, j)))
+				}
+				err := db.Transaction(func(tx *gorm.DB) error { return s.Outbox().Add(gormstore.WithTx(ctx, tx), msgs) })
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		round := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			// b.Loop gives one op per iteration: claim one message's share
+			// by claiming a batch every batch iterations.
+			if round%batch == 0 {
+				b.StopTimer()
+				fill(batch, round)
+				b.StartTimer()
+				msgs, err := s.Outbox().Claim(ctx, "bench", batch, 30*time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ids := make([]int64, len(msgs))
+				for k, m := range msgs {
+					ids[k] = m.ID
+				}
+				if _, err := s.Outbox().MarkDelivered(ctx, "bench", ids, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			round++
+		}
+	})
+}
+
+// BenchmarkInbox is the inbox's database work per consumed message with an
+// empty handler: two-phase (lock transaction, then process transaction)
+// against single-transaction.
+func BenchmarkInbox(b *testing.B) {
+	benchStores(b, func(b *testing.B, s *gormstore.Store, db *gorm.DB) {
+		ctx := context.Background()
+		noop := func(context.Context) error { return nil }
+		b.Run("TwoPhase", func(b *testing.B) {
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				key := inbox.Key{MessageID: "tp-" + strconv.Itoa(i), ConsumerType: "bench"}
+				lock, err := s.Inbox().TryLock(ctx, key, 30*time.Second)
+				if err != nil || lock.State != inbox.Acquired {
+					b.Fatalf("lock: %v %v", lock.State, err)
+				}
+				if err := s.Inbox().Process(ctx, key, lock.Token, noop); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("SingleTransaction", func(b *testing.B) {
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				key := inbox.Key{MessageID: "st-" + strconv.Itoa(i), ConsumerType: "bench"}
+				done, err := s.Inbox().ProcessAndLock(ctx, key, noop)
+				if err != nil || !done {
+					b.Fatalf("process: %v %v", done, err)
+				}
+			}
+		})
+	})
+}
