@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -20,11 +19,10 @@ type env struct {
 	suffix   string
 	keep     bool
 
-	mu      sync.Mutex
-	tables  []string
-	queues  []string
-	exchs   []string
-	cleaned bool
+	mu     sync.Mutex
+	tables []string
+	queues []string
+	exchs  []string
 }
 
 func newEnv(dsn, url string, keep bool) *env {
@@ -155,8 +153,4 @@ func queueDepth(conn *amqp.Connection, queue string) (int, error) {
 		return 0, err
 	}
 	return q.Messages, nil
-}
-
-func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), d)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strings"
 	"text/tabwriter"
 )
 
@@ -161,12 +160,4 @@ func writeTargets(w io.Writer, ts []target) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", verdict, t.Name, t.Goal, t.Measured)
 	}
 	_ = tw.Flush()
-}
-
-func truncateLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = append(lines[:n], "…")
-	}
-	return strings.Join(lines, "\n")
 }
