@@ -6,9 +6,12 @@ STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 all: lint test
 
-## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL
+## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL.
+## The reliability suite runs on its own afterwards: it restarts PostgreSQL and closes
+## broker connections, which would break tests running beside it.
 test:
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
+	$(GO) test -race -count=1 -timeout 12m ./reliability/...
 
 ## test-short: embedded-only tests (no services)
 test-short:
@@ -23,9 +26,17 @@ staticcheck:
 ## lint: go vet and staticcheck (pinned)
 lint: vet staticcheck
 
-## bench: hot-path micro-benchmarks
+## bench: hot-path micro-benchmarks (bus, internal/rabbit, gormstore), then, when
+## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL are set, the load tool
+## (cmd/barewire-bench; BENCH_ARGS overrides its flags, e.g. BENCH_ARGS='-scenario e2e -duration 30s')
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./bus/ ./internal/rabbit/ ./gormstore/
+	@if [ -n "$$BAREWIRE_TEST_POSTGRES_DSN" ] && [ -n "$$BAREWIRE_TEST_AMQP_URL" ]; then \
+		GO=$(GO) ./cmd/barewire-bench/build.sh bin/barewire-bench && \
+		bin/barewire-bench $${BENCH_ARGS:--scenario all -backlog 100000 -plot bin/benchmarks-latency.png}; \
+	else \
+		echo "bench: load tool skipped; set BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL to run cmd/barewire-bench"; \
+	fi
 
 ## demo: the main job on the embedded default
 demo:
@@ -35,3 +46,16 @@ demo:
 check-docs:
 	$(GO) build ./samples/... ./cmd/... 2>/dev/null || $(GO) build ./samples/...
 	$(GO) run ./internal/tools/docsnippets
+
+## reliability: fault-injection suite on RabbitMQ + PostgreSQL (PROFILE=short, the CI one, or PROFILE=long);
+## needs BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL; prints the checker's summary last
+.PHONY: reliability
+PROFILE ?= short
+RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(PROFILE).txt
+reliability:
+	@rm -f $(RELIABILITY_SUMMARY)
+	@BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) BAREWIRE_RELIABILITY_PG_RESTART=1 \
+		$(GO) test -race -count=1 -v -run 'TestReliability$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
+		status=$$?; echo; \
+		if [ -f $(RELIABILITY_SUMMARY) ]; then cat $(RELIABILITY_SUMMARY); else echo "reliability: no summary was written (see the output above)"; fi; \
+		exit $$status

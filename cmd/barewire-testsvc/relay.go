@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sync/atomic"
+
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// relayRole is a stand-alone outbox relay: an outbox.Relay over the run's
+// outbox table and a RabbitMQ transport of its own. It exists besides the
+// relay every started bus runs because the bus offers no hook between the
+// broker's confirm and the marking of the rows; this relay's store wrapper
+// provides one (see crashingStore).
+type relayRole struct {
+	cfg       *config
+	db        *gorm.DB
+	log       *slog.Logger
+	delivered atomic.Int64
+}
+
+func (r *relayRole) run(ctx context.Context, ready func()) error {
+	tr, err := rabbit.New(r.cfg.AMQPURL, &endpoint.RabbitMQ{}, r.log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tr.Close() }()
+	if err := tr.Start(ctx, nil); err != nil {
+		return err
+	}
+	st, err := gormstore.New(r.db, gormstore.WithTablePrefix(r.cfg.Names.Prefix))
+	if err != nil {
+		return err
+	}
+	relay := &outbox.Relay{
+		Store:           &crashingStore{Store: st.Outbox(), p: r.cfg.KillAfterConfirm, log: r.log},
+		Transport:       tr,
+		Owner:           r.cfg.Instance + "/relay",
+		PollingInterval: r.cfg.PollingInterval,
+		Lease:           r.cfg.RelayLease,
+		Notifier:        st.Outbox(),
+		Logger:          r.log,
+		OnDelivered:     func(msgs []*outbox.Message) { r.delivered.Add(int64(len(msgs))) },
+	}
+	ready()
+	relay.Run(ctx)
+	return nil
+}
+
+// crashingStore wraps the outbox store. With probability p per call, its
+// MarkDelivered kills the process instead of marking: the relay calls it
+// only after the transport reported the batch confirmed by the broker, so
+// the process dies exactly between confirm and mark. The rows stay leased;
+// after the lease another relay delivers them again, and the consumers'
+// inboxes must absorb the repeats.
+type crashingStore struct {
+	outbox.Store
+	p   float64
+	log *slog.Logger
+}
+
+func (s *crashingStore) MarkDelivered(ctx context.Context, owner string, ids []int64, del bool) (int, error) {
+	if s.p > 0 && mrand.Float64() < s.p {
+		// os.Stderr is unbuffered: the line is out before the signal.
+		s.log.Warn(msgKillAfterConfirm, "rows", len(ids), "detail", "the broker confirmed this batch; killing the process before the rows are marked delivered")
+		killSelf()
+	}
+	return s.Store.MarkDelivered(ctx, owner, ids, del)
+}

@@ -1,0 +1,162 @@
+package reliability
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// FaultKind names a fault the harness injects.
+type FaultKind string
+
+// Faults. Handler errors on first attempts and the relay's kill after
+// confirm are not in this list: they run continuously, inside the service
+// (see Profile.FailFirst and Profile.KillAfterConfirm).
+const (
+	// FaultConsumerKill SIGKILLs a consumer process (its handlers hold open
+	// transactions thanks to the handler delay) and restarts it.
+	FaultConsumerKill FaultKind = "consumer-kill"
+	// FaultRelayKill SIGKILLs the stand-alone relay process and restarts it.
+	FaultRelayKill FaultKind = "relay-kill"
+	// FaultProducerKill SIGKILLs the producer mid-transaction and restarts it.
+	FaultProducerKill FaultKind = "producer-kill"
+	// FaultBrokerClose makes the broker close every connection of one
+	// consumer process (rabbitmqctl close_connection).
+	FaultBrokerClose FaultKind = "broker-close"
+	// FaultStopCont SIGSTOPs a consumer process for longer than
+	// InboxLockTimeout, has the broker close its connections so that its
+	// unacknowledged messages go to another consumer, then SIGCONTs it: its
+	// late commits must be refused by the inbox's lock token.
+	FaultStopCont FaultKind = "stop-cont"
+	// FaultPGRestart restarts PostgreSQL (at most once per run).
+	FaultPGRestart FaultKind = "pg-restart"
+)
+
+// Profile is the shape of one reliability run.
+type Profile struct {
+	Name string
+	// Messages is how many producer transactions must commit.
+	Messages int
+	// Consumers and Relays count the consumer processes (at least 2 for
+	// stop-cont) and the stand-alone relay processes. There is one
+	// producer process.
+	Consumers, Relays int
+	// ProducerWorkers and Rate shape the producer (Rate 0: unthrottled).
+	ProducerWorkers int
+	Rate            float64
+	// Concurrency is each endpoint's ConcurrentMessageLimit.
+	Concurrency int
+
+	InboxLockTimeout time.Duration
+	RelayLease       time.Duration
+	// HandlerDelay keeps each handler's transaction open after its writes.
+	HandlerDelay time.Duration
+	// FailFirst is the ratio of (message, endpoint) pairs whose first
+	// attempt fails.
+	FailFirst float64
+	// RollbackRatio and RepublishRatio shape the producer's transactions.
+	RollbackRatio, RepublishRatio float64
+	// KillAfterConfirm is the relay processes' probability, per confirmed
+	// batch, of killing themselves between confirm and mark.
+	KillAfterConfirm float64
+
+	// Script lists faults injected in order, at least FaultGap apart. With
+	// SpreadScript they are spread over the load: fault k of n fires once
+	// k+1 n+1ths of the messages committed (so that every fault lands
+	// under load however fast the machine is); otherwise they start at once.
+	Script       []FaultKind
+	SpreadScript bool
+	// Random lists the faults drawn at random, FaultGap apart, after the
+	// script, for as long as the producer runs.
+	Random   []FaultKind
+	FaultGap time.Duration
+
+	// LoadTimeout bounds the producer's run; DrainTimeout the wait for
+	// everything to be consumed afterwards.
+	LoadTimeout, DrainTimeout time.Duration
+}
+
+// ShortProfile is the profile go test runs (in CI): every fault at least
+// once, sized for a small machine to finish within about four minutes.
+func ShortProfile() Profile {
+	return Profile{
+		Name:             "short",
+		Messages:         envInt("BAREWIRE_RELIABILITY_MESSAGES", 5000),
+		Consumers:        2,
+		Relays:           1,
+		ProducerWorkers:  4,
+		Rate:             envFloat("BAREWIRE_RELIABILITY_RATE", 150),
+		Concurrency:      4,
+		InboxLockTimeout: 2 * time.Second,
+		RelayLease:       3 * time.Second,
+		HandlerDelay:     15 * time.Millisecond,
+		FailFirst:        0.05,
+		RollbackRatio:    0.05,
+		RepublishRatio:   0.05,
+		KillAfterConfirm: 0.02,
+		// broker-close goes last: rabbitmqctl can take many seconds on a
+		// loaded machine.
+		Script: []FaultKind{
+			FaultStopCont, FaultConsumerKill, FaultRelayKill, FaultProducerKill,
+			FaultPGRestart, FaultConsumerKill, FaultBrokerClose,
+		},
+		SpreadScript: true,
+		FaultGap:     3 * time.Second,
+		LoadTimeout:  envDuration("BAREWIRE_RELIABILITY_LOAD_TIMEOUT", 150*time.Second),
+		DrainTimeout: 90 * time.Second,
+	}
+}
+
+// LongProfile is `make reliability PROFILE=long`: many more messages and a
+// random fault every few seconds for as long as the producer runs.
+func LongProfile() Profile {
+	p := ShortProfile()
+	p.Name = "long"
+	p.Messages = envInt("BAREWIRE_RELIABILITY_MESSAGES", 200000)
+	// About what two consumer processes keep up with on a small shared
+	// machine; faster and the queues only grow.
+	p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 100)
+	// Every kind once at the start, then random faults until the end.
+	p.Script = []FaultKind{FaultStopCont, FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultPGRestart, FaultBrokerClose}
+	p.SpreadScript = false
+	p.Random = []FaultKind{FaultConsumerKill, FaultConsumerKill, FaultRelayKill, FaultBrokerClose, FaultStopCont, FaultProducerKill}
+	p.FaultGap = 5 * time.Second
+	p.LoadTimeout = envDuration("BAREWIRE_RELIABILITY_LOAD_TIMEOUT", 3*time.Hour)
+	p.DrainTimeout = 30 * time.Minute
+	return p
+}
+
+// ProfileFromEnv returns the profile BAREWIRE_RELIABILITY_PROFILE names
+// ("short", the default, or "long").
+func ProfileFromEnv() (Profile, error) {
+	switch v := os.Getenv("BAREWIRE_RELIABILITY_PROFILE"); v {
+	case "", "short":
+		return ShortProfile(), nil
+	case "long":
+		return LongProfile(), nil
+	default:
+		return Profile{}, fmt.Errorf("BAREWIRE_RELIABILITY_PROFILE=%q: use short or long", v)
+	}
+}
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envFloat(k string, def float64) float64 {
+	if v, err := strconv.ParseFloat(os.Getenv(k), 64); err == nil && v >= 0 {
+		return v
+	}
+	return def
+}
+
+func envDuration(k string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}

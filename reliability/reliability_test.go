@@ -1,0 +1,79 @@
+//go:build linux
+
+package reliability_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/reliability"
+)
+
+// TestReliability runs a fault-injection profile end to end (see package
+// reliability): the short one by default, the long one with
+// BAREWIRE_RELIABILITY_PROFILE=long. It fails on any lost, doubled or
+// phantom effect, on dead letters, and on anything left undelivered.
+//
+// BAREWIRE_RELIABILITY_SUMMARY names a file that receives the summary (the
+// Makefile prints it last); BAREWIRE_RELIABILITY_LOGDIR keeps the
+// processes' logs there instead of in a temporary directory.
+func TestReliability(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault-injection suite: runs without -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	url := testenv.AMQPURL(t)
+	prof, err := reliability.ProfileFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := serviceBinary(t)
+	logDir := os.Getenv("BAREWIRE_RELIABILITY_LOGDIR")
+	if logDir == "" {
+		logDir = t.TempDir()
+	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := reliability.Env{
+		PostgresDSN: dsn,
+		AMQPURL:     url,
+		Bin:         bin,
+		LogDir:      logDir,
+		Broker:      &reliability.Broker{URL: url, Ctl: reliability.DefaultRabbitmqctl()},
+		PGRestart:   reliability.DefaultPGRestart(),
+		Logf:        t.Logf,
+		Keep:        os.Getenv("BAREWIRE_RELIABILITY_KEEP") != "",
+	}
+	timeout := prof.LoadTimeout + prof.DrainTimeout + 3*time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res, err := reliability.Run(ctx, env, prof)
+	if res != nil {
+		summary := res.Summary()
+		t.Log("\n" + summary)
+		if path := os.Getenv("BAREWIRE_RELIABILITY_SUMMARY"); path != "" {
+			if werr := os.WriteFile(path, []byte(summary), 0o644); werr != nil {
+				t.Error(werr)
+			}
+		}
+		if len(res.Failures()) > 0 {
+			for _, ps := range res.Procs {
+				if len(ps.ErrorLines) > 0 {
+					t.Logf("last errors of %s:\n%s", ps.Name, strings.Join(ps.ErrorLines, "\n"))
+				}
+			}
+			t.Logf("process logs: %s", filepath.Clean(logDir))
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := res.Failures(); len(f) > 0 {
+		t.Fatalf("%d problems:\n%s", len(f), strings.Join(f, "\n"))
+	}
+}
