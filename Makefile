@@ -11,7 +11,7 @@ all: lint test
 ## broker connections, which would break tests running beside it.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	$(GO) test -race -count=1 -timeout 12m ./reliability/...
+	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 12m ./reliability/...
 
 ## test-short: embedded-only tests (no services)
 test-short:
