@@ -32,6 +32,10 @@ import (
 // on an endpoint whose MissingMessageID policy is RejectMissingID.
 var ErrMissingMessageID = errors.New("message has no id (no message_id property or message-id header); cannot deduplicate")
 
+// maxInboundIDLen bounds the ids of received messages (AMQP's message_id
+// property holds 255 bytes).
+const maxInboundIDLen = 255
+
 type stateKey struct{}
 
 // deliveryState travels in the consumer's context.
@@ -264,6 +268,9 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 
 	var err error
 	switch {
+	case len(msg.UUID) > maxInboundIDLen:
+		// Longer ids cannot be an inbox key (index rows have a size limit).
+		return endpoint.Permanent(fmt.Errorf("message id is %d bytes; ids of at most %d bytes can be deduplicated", len(msg.UUID), maxInboundIDLen))
 	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
 		return endpoint.Permanent(ErrMissingMessageID)
 	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:

@@ -30,6 +30,9 @@ var propertyHeaders = map[string]bool{
 // message_id, correlation_id, content_type and type come from the message's
 // fields (or, when a field is empty, from the matching header); every other
 // header becomes a string entry of the header table. Messages are persistent.
+// maxShortString is the AMQP 0-9-1 limit of a short string property.
+const maxShortString = 255
+
 func toPublishing(m *outbox.Message, now time.Time) amqp.Publishing {
 	pick := func(field, header string) string {
 		if field != "" {
@@ -51,12 +54,23 @@ func toPublishing(m *outbox.Message, now time.Time) amqp.Publishing {
 	if ts.IsZero() {
 		ts = now
 	}
+	id := pick(m.MessageID, wire.HeaderMessageID)
+	if len(id) > maxShortString {
+		// AMQP short strings hold 255 bytes; a longer id (from a foreign
+		// publisher's header) would make the client close the connection.
+		// Carry it in the header the receiving side also reads.
+		if headers == nil {
+			headers = amqp.Table{}
+		}
+		headers[wire.HeaderWatermillUUID] = id
+		id = ""
+	}
 	return amqp.Publishing{
 		Headers:       headers,
 		ContentType:   pick(m.ContentType, wire.HeaderContentType),
 		DeliveryMode:  amqp.Persistent,
 		CorrelationId: pick(m.CorrelationID, wire.HeaderCorrelationID),
-		MessageId:     pick(m.MessageID, wire.HeaderMessageID),
+		MessageId:     id,
 		Timestamp:     ts.UTC(),
 		Type:          pick(m.MessageType, wire.HeaderMessageType),
 		Body:          m.Payload,
