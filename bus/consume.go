@@ -32,9 +32,9 @@ import (
 // on an endpoint whose MissingMessageID policy is RejectMissingID.
 var ErrMissingMessageID = errors.New("message has no id (no message_id property or message-id header); cannot deduplicate")
 
-// maxInboundIDLen bounds the ids of received messages (AMQP's message_id
-// property holds 255 bytes).
-const maxInboundIDLen = 255
+// maxInboundIDLen bounds the ids of received messages: an inbox key must fit
+// a PostgreSQL index row (about 2.7 KB with the consumer type).
+const maxInboundIDLen = 1024
 
 type stateKey struct{}
 

@@ -563,19 +563,19 @@ func TestBadInput(t *testing.T) {
 // again, and the connection is torn down again, in a loop that stops all
 // consuming and publishing of that bus. See docs/guarantees.md.
 func TestBadInputLongIDDeadLetter(t *testing.T) {
-	// Fixed: ids over 255 bytes are refused at consume time with a clear
-	// reason, and the dead letter carries the id in a header, not in the
-	// message_id property.
+	// Fixed: the dead letter carries an id over 255 bytes in a header, not
+	// in the message_id property, and ids over 1024 bytes (too long for an
+	// inbox key) are refused at consume time with a clear reason.
 	e := newBadEnv(t)
 	for _, tc := range []struct {
 		name, reason string
 		id           string
 	}{
 		// Malformed JSON makes the consumer fail at once: dead letter.
-		{"300-byte id", "ids of at most 255 bytes", strings.Repeat("i", 292) + e.sfx},
+		{"300-byte id", "malformed JSON", strings.Repeat("i", 292) + e.sfx},
 		// Random bytes do not compress: 8 KB of them exceed PostgreSQL's
 		// btree entry limit (about 2.7 KB), so the inbox cannot even lock.
-		{"8 KB id", "ids of at most 255 bytes", base64.StdEncoding.EncodeToString([]byte(randHex(3000)))},
+		{"8 KB id", "ids of at most 1024 bytes", base64.StdEncoding.EncodeToString([]byte(randHex(3000)))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e.inject(t, e.typed, tc.name, amqp.Publishing{Type: e.typ, Body: []byte(`{"id":`),
