@@ -624,16 +624,105 @@ func ExampleWithPostgresTransport() {
 	// snippet:end postgres-transport
 }
 
-func TestPostgresTransportRejectsRedelivery(t *testing.T) {
+// TestPostgresTransportDelayedRedelivery: a failed message waits in its
+// endpoint's queue, invisible for the configured delay (a row operators can
+// see with psql), does not hold up the messages behind it, and comes back
+// with its redelivery count until it succeeds.
+func TestPostgresTransportDelayedRedelivery(t *testing.T) {
 	t.Parallel()
 	env := newPgEnv(t)
-	_, err := bus.New(bus.WithPostgresTransport(env.db, func(p *bus.PostgresTransport) {
-		p.ReceiveEndpoint("later", func(e *endpoint.Endpoint) {
-			e.Redelivery = []time.Duration{time.Second}
-			endpoint.RawConsumer(e, func(context.Context, *endpoint.Delivery) error { return nil })
-		})
-	}))
-	if err == nil || !strings.Contains(err.Error(), "Redelivery is not supported by the PostgreSQL transport") {
-		t.Fatalf("err = %v", err)
+	typ := "Later-" + env.suffix
+	ep := "later-" + env.suffix
+	const delay1, delay2 = 1500 * time.Millisecond, 300 * time.Millisecond
+	type call struct {
+		id, count string
+		at        time.Time
 	}
+	calls := make(chan call, 10)
+	b := start(t, env.options(env.db, func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			e.Redelivery = []time.Duration{delay1, delay2}
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				n := d.Headers[bus.HeaderRedeliveryCount]
+				calls <- call{id: d.MessageID, count: n, at: time.Now()}
+				if d.MessageID == "slow-1" && n != "2" {
+					return fmt.Errorf("not yet (redelivery %q)", n)
+				}
+				return nil
+			}, endpoint.ForTypes(typ))
+		})
+	})...)
+	ctx := context.Background()
+	if err := b.Publish(ctx, bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "slow-1"}); err != nil {
+		t.Fatal(err)
+	}
+	first := <-calls
+	if first.id != "slow-1" || first.count != "" {
+		t.Fatalf("first call %+v", first)
+	}
+	// While it waits, the message is a row of the endpoint's queue that
+	// is not visible yet, carrying its redelivery count.
+	waitFor(t, func() bool {
+		var n int64
+		env.db.Raw(`SELECT count(*) FROM `+env.prefix+`queue_messages WHERE queue = ? AND visible_at > now() AND metadata->>'BW-Redelivery-Count' = '1'`, ep).Scan(&n)
+		return n == 1
+	})
+	// A message published now is not held up behind it.
+	if err := b.Publish(ctx, bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "fast-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-calls; c.id != "fast-1" {
+		t.Fatalf("second call %+v; want fast-1 before slow-1 comes back", c)
+	}
+	second, third := <-calls, <-calls
+	if second.id != "slow-1" || second.count != "1" || third.id != "slow-1" || third.count != "2" {
+		t.Fatalf("redeliveries %+v %+v", second, third)
+	}
+	if gap := second.at.Sub(first.at); gap < delay1 {
+		t.Errorf("first redelivery after %v, want at least %v", gap, delay1)
+	}
+	if gap := third.at.Sub(second.at); gap < delay2 {
+		t.Errorf("second redelivery after %v, want at least %v", gap, delay2)
+	}
+	drainPg(t, b)
+	if s := b.Stats(); s.Redelivered != 2 || s.DeadLettered != 0 {
+		t.Errorf("stats %+v; want 2 delayed redeliveries, no dead letter", s)
+	}
+	waitFor(t, func() bool { hs, _ := env.rows(t, ep); return len(hs) == 0 })
+}
+
+func TestPostgresTransportRedeliveryExhaustedDeadLetters(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	typ := "Hopeless-" + env.suffix
+	ep := "hopeless-" + env.suffix
+	var attempts atomic.Int32
+	b := start(t, env.options(env.db, func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.Immediate(1)
+			e.Redelivery = []time.Duration{50 * time.Millisecond}
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				attempts.Add(1)
+				return errors.New("still broken")
+			}, endpoint.ForTypes(typ))
+		})
+	})...)
+	if err := b.Publish(context.Background(), bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "hopeless-1"}); err != nil {
+		t.Fatal(err)
+	}
+	var headers []map[string]string
+	waitFor(t, func() bool { headers, _ = env.rows(t, ep+"_error"); return len(headers) == 1 })
+	h := headers[0]
+	if h[bus.HeaderRedeliveryCount] != "1" || h[bus.HeaderFaultAttempts] != "2" || !strings.Contains(h[bus.HeaderFaultReason], "still broken") {
+		t.Errorf("dead letter headers %v; want one redelivery, then 2 attempts, with the reason", h)
+	}
+	if _, ok := h["_bw_pg_delay_ms"]; ok {
+		t.Errorf("the transport's internal delay header was stored: %v", h)
+	}
+	waitFor(t, func() bool { return b.Stats().DeadLettered == 1 })
+	if n := attempts.Load(); n != 4 {
+		t.Errorf("%d attempts, want 4 (2 per delivery, 2 deliveries)", n)
+	}
+	waitFor(t, func() bool { hs, _ := env.rows(t, ep); return len(hs) == 0 })
 }

@@ -109,17 +109,6 @@ func (b *Bus) usePostgres(c *config) []error {
 	if s == nil {
 		return []error{optErr("PostgreSQL transport settings missing (internal error)")}
 	}
-	var errs []error
-	for _, ep := range b.endpoints {
-		if len(ep.Redelivery) > 0 {
-			// Delay queues exist on RabbitMQ and in process; here a delayed
-			// redelivery would be sent to a queue that does not exist.
-			errs = append(errs, fmt.Errorf("%w: endpoint %q: Redelivery is not supported by the PostgreSQL transport yet; use the in-process Retry policy", endpoint.ErrInvalidConfig, ep.Name()))
-		}
-	}
-	if len(errs) > 0 {
-		return errs
-	}
 	tr, err := pgtransport.New(s.db, s.p.config(), c.logger)
 	if err != nil {
 		return []error{fmt.Errorf("%w: %w", ErrInvalidOption, err)}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -142,8 +143,9 @@ type Transport struct {
 	started  bool
 	closed   bool
 	signals  map[string]*signal
-	known    map[string]bool     // queues known to exist
-	local    map[string][]string // exchange → local queues bound to it
+	known    map[string]bool       // queues known to exist
+	local    map[string][]string   // exchange → local queues bound to it
+	delays   map[string]delayRoute // delay queue → endpoint queue and delay
 	listenOK bool
 
 	pendingMu sync.Mutex
@@ -181,6 +183,7 @@ func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
 	return &Transport{
 		sqlDB: sqlDB, cfg: cfg, log: log.With("transport", "postgres"), n: n, schema: schema, pub: pub,
 		ctx: ctx, cancel: cancel, signals: map[string]*signal{}, known: map[string]bool{}, local: map[string][]string{},
+		delays:  map[string]delayRoute{},
 		pending: map[string]bool{}, kick: make(chan struct{}, 1),
 	}, nil
 }
@@ -248,6 +251,11 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 	for _, q := range queues {
 		t.known[q] = true
 	}
+	for _, ep := range eps {
+		for _, d := range ep.Redelivery {
+			t.delays[ep.DelayQueue(d)] = delayRoute{target: ep.Name(), delay: d}
+		}
+	}
 	for i, x := range bx {
 		if !slices.Contains(t.local[x], bq[i]) {
 			t.local[x] = append(t.local[x], bq[i])
@@ -302,11 +310,18 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 // notifyDelivered queues a notification for the destinations of the
 // messages written.
 func (t *Transport) notifyDelivered(msgs []*outbox.Message, errs []error) {
+	t.mu.Lock()
+	delays := t.delays
+	t.mu.Unlock()
 	t.pendingMu.Lock()
 	n := 0
 	for i, m := range msgs {
 		if errs[i] == nil {
 			kind, name := wire.ParseDestination(m.Destination)
+			if r, ok := delays[name]; ok && kind == "queue" {
+				// Consumers that wake now learn when the row turns visible.
+				name = r.target
+			}
 			t.pending[kind+":"+name] = true
 			n++
 		}
@@ -412,9 +427,11 @@ func (t *Transport) SharesDB(tx *gorm.DB) bool {
 // publish inserts msgs[idx] through a watermill-sql Publisher.
 func (t *Transport) publish(ctx context.Context, pub *wsql.Publisher, msgs []*outbox.Message, idx []int) error {
 	wms := make([]*message.Message, len(idx))
+	t.mu.Lock()
 	for j, i := range idx {
-		wms[j] = toWatermill(msgs[i])
+		wms[j] = toWatermill(msgs[i], t.delays)
 	}
+	t.mu.Unlock()
 	wms[0].SetContext(ctx)
 	err := pub.Publish(topic, wms...)
 	if err == nil {
@@ -434,7 +451,7 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 	var unknown []string
 	t.mu.Lock()
 	for _, m := range msgs {
-		if kind, name := wire.ParseDestination(m.Destination); kind == "queue" && !t.known[name] && !slices.Contains(unknown, name) {
+		if kind, name := wire.ParseDestination(m.Destination); kind == "queue" && !t.known[name] && !t.isDelayLocked(name) && !slices.Contains(unknown, name) {
 			unknown = append(unknown, name)
 		}
 	}
@@ -459,6 +476,8 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 		switch {
 		case name == "":
 			errs[i] = fmt.Errorf("pgtransport: message %q: empty destination %q", m.MessageID, m.Destination)
+		case kind == "queue" && t.isDelayLocked(name):
+			idx = append(idx, i)
 		case kind == "queue" && !t.known[name] && lookupErr != nil:
 			errs[i] = lookupErr
 		case kind == "queue" && !t.known[name]:
@@ -501,8 +520,10 @@ func (t *Transport) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // toWatermill builds the row's message: the headers plus the message's own
 // fields (id, type, content type, correlation id, destination) as headers,
-// as the other transports deliver them.
-func toWatermill(m *outbox.Message) *message.Message {
+// as the other transports deliver them. A message for a delay queue (see
+// delayRoute) goes to the route's endpoint queue instead, to become visible
+// after the route's delay.
+func toWatermill(m *outbox.Message, delays map[string]delayRoute) *message.Message {
 	h := make(message.Metadata, len(m.Headers)+5)
 	maps.Copy(h, m.Headers)
 	set := func(k, v string) {
@@ -515,6 +536,10 @@ func toWatermill(m *outbox.Message) *message.Message {
 	set(wire.HeaderContentType, m.ContentType)
 	set(wire.HeaderCorrelationID, m.CorrelationID)
 	kind, name := wire.ParseDestination(m.Destination)
+	if r, ok := delays[name]; ok && kind == "queue" {
+		name = r.target
+		h[metaDelay] = strconv.FormatInt(r.delay.Milliseconds(), 10)
+	}
 	h[wire.HeaderDestination] = kind + ":" + name
 	wm := message.NewMessage(m.MessageID, m.Payload)
 	wm.Metadata = h
@@ -565,6 +590,20 @@ func (t *Transport) Close() error {
 	// closed itself), so it is left as it is: closing it would race with a
 	// Deliver still running.
 	return nil
+}
+
+// delayRoute is where a message sent to a delay queue goes: PostgreSQL
+// needs no queue to hold it, only a row in the endpoint's queue that turns
+// visible after delay. The names are Endpoint.DelayQueue's, so the bus
+// redelivers the same way on every transport.
+type delayRoute struct {
+	target string
+	delay  time.Duration
+}
+
+func (t *Transport) isDelayLocked(queue string) bool {
+	_, ok := t.delays[queue]
+	return ok
 }
 
 func (t *Transport) isClosed() bool {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"strconv"
 	"strings"
@@ -153,11 +154,11 @@ var _ wsql.SchemaAdapter = schemaAdapter{}
 // insertCTE unnests a batch and fans each message out to the queues bound
 // to its exchange (or to its declared queue), in batch order.
 const insertCTE = `WITH m AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
-        WITH ORDINALITY AS m(kind, name, message_id, metadata, payload, ord)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::float8[])
+        WITH ORDINALITY AS m(kind, name, message_id, metadata, payload, delay, ord)
 ), ins AS (
-    INSERT INTO {messages} (queue, message_id, metadata, payload)
-    SELECT t.queue, m.message_id, m.metadata::json, m.payload
+    INSERT INTO {messages} (queue, message_id, metadata, payload, visible_at)
+    SELECT t.queue, m.message_id, m.metadata::json, m.payload, now() + make_interval(secs => m.delay)
     FROM m CROSS JOIN LATERAL (
         SELECT b.queue FROM {bindings} b WHERE m.kind = 'exchange' AND b.exchange = m.name
         UNION ALL
@@ -178,7 +179,7 @@ func newSchemaAdapter(n names, lease time.Duration) schemaAdapter {
 		// Notification payloads are destinations ("exchange:X",
 		// "queue:Q"); each process wakes its own consumers of the queues
 		// it knows to be bound to them.
-		notifySQL: n.expand(insertCTE + `SELECT pg_notify($6, d.dest)
+		notifySQL: n.expand(insertCTE + `SELECT pg_notify($7, d.dest)
 FROM (SELECT DISTINCT m.kind || ':' || m.name AS dest FROM m) AS d
 WHERE EXISTS (SELECT 1 FROM ins)`),
 		// The row is locked only for this statement (SKIP LOCKED: a row
@@ -231,12 +232,23 @@ func (s schemaAdapter) InsertQuery(p wsql.InsertQueryParams) (wsql.Query, error)
 	ids := make([]string, n)
 	metas := make([]string, n)
 	payloads := make([][]byte, n)
+	delays := make([]float64, n)
 	for i, msg := range p.Msgs {
 		kind, name := wire.ParseDestination(msg.Metadata.Get(wire.HeaderDestination))
 		if name == "" {
 			return wsql.Query{}, fmt.Errorf("pgtransport: message %q has no destination", msg.UUID)
 		}
-		meta, err := json.Marshal(msg.Metadata)
+		md := msg.Metadata
+		if v, ok := md[metaDelay]; ok {
+			ms, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || ms < 0 {
+				return wsql.Query{}, fmt.Errorf("pgtransport: message %q: bad delay %q", msg.UUID, v)
+			}
+			delays[i] = float64(ms) / 1000
+			md = maps.Clone(md)
+			delete(md, metaDelay)
+		}
+		meta, err := json.Marshal(md)
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("pgtransport: encode headers of message %q: %w", msg.UUID, err)
 		}
@@ -247,9 +259,9 @@ func (s schemaAdapter) InsertQuery(p wsql.InsertQueryParams) (wsql.Query, error)
 		}
 	}
 	if s.notify {
-		return wsql.Query{Query: s.notifySQL, Args: []any{kinds, dests, ids, metas, payloads, s.n.channel}}, nil
+		return wsql.Query{Query: s.notifySQL, Args: []any{kinds, dests, ids, metas, payloads, delays, s.n.channel}}, nil
 	}
-	return wsql.Query{Query: s.insertSQL, Args: []any{kinds, dests, ids, metas, payloads}}, nil
+	return wsql.Query{Query: s.insertSQL, Args: []any{kinds, dests, ids, metas, payloads, delays}}, nil
 }
 
 // SelectQuery implements wsql.SchemaAdapter: it claims the oldest visible
@@ -260,6 +272,11 @@ func (s schemaAdapter) SelectQuery(p wsql.SelectQueryParams) (wsql.Query, error)
 	}
 	return wsql.Query{Query: s.claimSQL, Args: []any{p.Topic, s.lease.Seconds()}}, nil
 }
+
+// metaDelay is the header, set by the transport and never stored, that
+// asks InsertQuery to make the row visible only after that many
+// milliseconds (a delayed redelivery, see delayRoute).
+const metaDelay = "_bw_pg_delay_ms"
 
 // deliveriesKey is the Row.ExtraData key of the delivery count, which
 // fences acks, nacks and lease extensions to the claim that made them.
