@@ -6,11 +6,12 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/internal/transport"
 )
 
 // settleTimeout bounds the short statements that settle or extend a claim.
@@ -21,18 +22,12 @@ const settleTimeout = 10 * time.Second
 // the endpoint's, hence the queue's, name). Closing the subscriber stops
 // only the subscriptions made through it; closing the transport stops all.
 func (t *Transport) Subscriber() message.Subscriber {
-	ctx, cancel := context.WithCancel(t.ctx)
-	return &subscriber{t: t, ctx: ctx, cancel: cancel}
+	return &subscriber{t: t, subs: transport.NewSubscriptions(t.ctx, "pgtransport")}
 }
 
 type subscriber struct {
-	t      *Transport
-	ctx    context.Context // canceled by Close or by the transport's Close
-	cancel context.CancelFunc
-
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	t    *Transport
+	subs *transport.Subscriptions
 }
 
 // Subscribe starts one consumer of queue. It claims one message at a time
@@ -48,58 +43,33 @@ type subscriber struct {
 // transport is closed, the consumer stops without waiting and the message
 // in flight is redelivered after Lease.
 func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
-	if queue == "" {
-		return nil, errors.New("pgtransport: subscribe: empty queue name")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, errors.New("pgtransport: subscribe: subscriber is closed")
-	}
 	t := s.t
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil, errClosed
+	admit := func() (func(), error) {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.closed {
+			return nil, errClosed
+		}
+		if !t.started {
+			return nil, errors.New("pgtransport: subscribe: transport not started")
+		}
+		t.wg.Add(1)
+		return t.wg.Done, nil
 	}
-	if !t.started {
-		t.mu.Unlock()
-		return nil, errors.New("pgtransport: subscribe: transport not started")
-	}
-	t.wg.Add(1)
-	t.mu.Unlock()
-	s.wg.Add(1)
-
-	sctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	out := make(chan *message.Message)
-	sub := &subscription{t: t, queue: queue, out: out, sig: t.signal(queue), log: t.log.With(slog.String("queue", queue))}
-	go func() {
-		defer t.wg.Done()
-		defer s.wg.Done()
-		defer close(out)
-		defer stop()
-		defer cancel()
-		sub.run(sctx)
-	}()
-	return out, nil
+	return s.subs.Start(ctx, queue, admit, func(ctx context.Context, out chan<- *message.Message) {
+		sub := &subscription{t: t, queue: queue, out: out, sig: t.signal(queue), log: t.log.With(slog.String("queue", queue))}
+		sub.run(ctx)
+	})
 }
 
 // Close stops every subscription made through this subscriber and waits for
 // them to finish.
-func (s *subscriber) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
-	return nil
-}
+func (s *subscriber) Close() error { return s.subs.Close() }
 
 type subscription struct {
 	t     *Transport
 	queue string
-	out   chan *message.Message
+	out   chan<- *message.Message
 	sig   *signal
 	log   *slog.Logger
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/transport"
 )
 
 // Subscriber returns a new message.Subscriber on this transport. Each
@@ -21,18 +21,12 @@ import (
 // subscriber stops only the subscriptions made through it; closing the
 // transport stops all of them.
 func (t *Transport) Subscriber() message.Subscriber {
-	ctx, cancel := context.WithCancel(t.ctx)
-	return &subscriber{t: t, ctx: ctx, cancel: cancel}
+	return &subscriber{t: t, subs: transport.NewSubscriptions(t.ctx, "rabbitmq")}
 }
 
 type subscriber struct {
-	t      *Transport
-	ctx    context.Context // canceled by Close or by the transport's Close
-	cancel context.CancelFunc
-
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	t    *Transport
+	subs *transport.Subscriptions
 }
 
 // prefetchFor divides an endpoint's PrefetchCount across its concurrent
@@ -57,66 +51,42 @@ func prefetchFor(ep *endpoint.Endpoint) int {
 // and not acked by then is requeued. Broker connection losses are survived:
 // the consumer resumes on a new channel after the reconnect.
 func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
-	if queue == "" {
-		return nil, errors.New("rabbitmq: subscribe: empty queue name")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, errors.New("rabbitmq: subscribe: subscriber is closed")
-	}
 	t := s.t
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		return nil, errClosed
+	var ep *endpoint.Endpoint
+	admit := func() (func(), error) {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.closed {
+			return nil, errClosed
+		}
+		if !t.started {
+			return nil, errors.New("rabbitmq: subscribe: transport not started")
+		}
+		ep = t.byName[queue]
+		t.wg.Add(1)
+		return t.wg.Done, nil
 	}
-	if !t.started {
-		t.mu.Unlock()
-		return nil, errors.New("rabbitmq: subscribe: transport not started")
-	}
-	ep := t.byName[queue]
-	t.wg.Add(1)
-	t.mu.Unlock()
-	s.wg.Add(1)
-
-	sctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	out := make(chan *message.Message)
-	sub := &subscription{
-		t:        t,
-		queue:    queue,
-		prefetch: prefetchFor(ep),
-		out:      out,
-		log:      t.log.With(slog.String("queue", queue)),
-	}
-	go func() {
-		defer t.wg.Done()
-		defer s.wg.Done()
-		defer close(out)
-		defer stop()
-		defer cancel()
-		sub.run(sctx)
-	}()
-	return out, nil
+	return s.subs.Start(ctx, queue, admit, func(ctx context.Context, out chan<- *message.Message) {
+		sub := &subscription{
+			t:        t,
+			queue:    queue,
+			prefetch: prefetchFor(ep),
+			out:      out,
+			log:      t.log.With(slog.String("queue", queue)),
+		}
+		sub.run(ctx)
+	})
 }
 
 // Close stops every subscription made through this subscriber and waits for
 // them to finish.
-func (s *subscriber) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
-	return nil
-}
+func (s *subscriber) Close() error { return s.subs.Close() }
 
 type subscription struct {
 	t        *Transport
 	queue    string
 	prefetch int
-	out      chan *message.Message
+	out      chan<- *message.Message
 	log      *slog.Logger
 }
 
