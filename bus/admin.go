@@ -18,6 +18,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/view"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -337,35 +338,6 @@ func lowerFields(v any) map[string]any {
 
 // ---- inbox ----
 
-type adminInboxEntry struct {
-	MessageID    string `json:"messageId"`
-	ConsumerType string `json:"consumerType"`
-	// State is processed, locked (a delivery holds it) or expired (a lock
-	// that was released or ran out, waiting for a redelivery).
-	State       string     `json:"state"`
-	ReceivedAt  time.Time  `json:"receivedAt"`
-	ProcessedAt *time.Time `json:"processedAt,omitempty"`
-	ExpiresAt   time.Time  `json:"expiresAt"`
-	Attempts    int        `json:"attempts"`
-}
-
-func inboxEntry(e inbox.Entry, now time.Time) adminInboxEntry {
-	out := adminInboxEntry{
-		MessageID: e.MessageID, ConsumerType: e.ConsumerType, ReceivedAt: e.ReceivedAt.UTC(),
-		ExpiresAt: e.ExpiresAt.UTC(), Attempts: e.Attempts,
-	}
-	switch {
-	case e.ProcessedAt != nil:
-		t := e.ProcessedAt.UTC()
-		out.ProcessedAt, out.State = &t, "processed"
-	case e.ExpiresAt.After(now):
-		out.State = "locked"
-	default:
-		out.State = "expired"
-	}
-	return out
-}
-
 func queryInt(r *http.Request, name string, def, lo, hi int) (int, error) {
 	s := r.URL.Query().Get(name)
 	if s == "" {
@@ -408,12 +380,7 @@ func (a *admin) inboxList(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusInternalServerError, err)
 		return
 	}
-	now := time.Now()
-	out := make([]adminInboxEntry, len(entries))
-	for i, e := range entries {
-		out[i] = inboxEntry(e, now)
-	}
-	resp := map[string]any{"entries": out, "limit": limit, "offset": offset}
+	resp := map[string]any{"entries": view.Inboxes(entries, time.Now()), "limit": limit, "offset": offset}
 	if len(entries) == limit {
 		resp["nextOffset"] = offset + limit
 	}
@@ -421,37 +388,6 @@ func (a *admin) inboxList(w http.ResponseWriter, r *http.Request) {
 }
 
 // ---- outbox ----
-
-type adminOutboxRow struct {
-	ID            int64             `json:"id"`
-	MessageID     string            `json:"messageId"`
-	MessageType   string            `json:"messageType"`
-	Destination   string            `json:"destination"`
-	RoutingKey    string            `json:"routingKey,omitempty"`
-	ContentType   string            `json:"contentType,omitempty"`
-	CorrelationID string            `json:"correlationId,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	PayloadBytes  int               `json:"payloadBytes"`
-	Status        string            `json:"status"`
-	Attempts      int               `json:"attempts"`
-	LastError     string            `json:"lastError,omitempty"`
-	CreatedAt     time.Time         `json:"createdAt"`
-	DeliveredAt   *time.Time        `json:"deliveredAt,omitempty"`
-}
-
-func outboxRow(m *outbox.Message) adminOutboxRow {
-	row := adminOutboxRow{
-		ID: m.ID, MessageID: m.MessageID, MessageType: m.MessageType, Destination: m.Destination,
-		RoutingKey: m.RoutingKey, ContentType: m.ContentType, CorrelationID: m.CorrelationID,
-		Headers: m.Headers, PayloadBytes: len(m.Payload), Status: string(m.Status), Attempts: m.Attempts,
-		LastError: m.LastError, CreatedAt: m.CreatedAt.UTC(),
-	}
-	if m.DeliveredAt != nil {
-		t := m.DeliveredAt.UTC()
-		row.DeliveredAt = &t
-	}
-	return row
-}
 
 func parseStatus(s string) (outbox.Status, error) {
 	switch st := outbox.Status(s); st {
@@ -488,11 +424,7 @@ func (a *admin) outboxList(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusInternalServerError, err)
 		return
 	}
-	rows := make([]adminOutboxRow, len(msgs))
-	for i, m := range msgs {
-		rows[i] = outboxRow(m)
-	}
-	resp := map[string]any{"rows": rows, "limit": limit}
+	resp := map[string]any{"rows": view.Outboxes(msgs), "limit": limit}
 	if len(msgs) == limit {
 		resp["nextAfterId"] = msgs[len(msgs)-1].ID
 	}
@@ -518,7 +450,7 @@ func (a *admin) outboxShow(w http.ResponseWriter, r *http.Request) {
 		adminError(w, http.StatusNotFound, fmt.Errorf("outbox row %d not found (delivered rows are deleted after their retention)", id))
 		return
 	}
-	adminJSON(w, http.StatusOK, outboxRow(msgs[0]))
+	adminJSON(w, http.StatusOK, view.Outbox(msgs[0]))
 }
 
 // ---- actions ----

@@ -8,6 +8,7 @@ import (
 
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/view"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -121,29 +122,6 @@ func (c *cli) stats(args []string) error {
 
 // ---- inbox ----
 
-type inboxEntry struct {
-	MessageID    string     `json:"messageId"`
-	ConsumerType string     `json:"consumerType"`
-	State        string     `json:"state"`
-	ReceivedAt   time.Time  `json:"receivedAt"`
-	ProcessedAt  *time.Time `json:"processedAt,omitempty"`
-	ExpiresAt    time.Time  `json:"expiresAt"`
-	Attempts     int        `json:"attempts"`
-}
-
-func toInboxEntry(e inbox.Entry, now time.Time) inboxEntry {
-	out := inboxEntry{MessageID: e.MessageID, ConsumerType: e.ConsumerType, ReceivedAt: e.ReceivedAt.UTC(),
-		ExpiresAt: e.ExpiresAt.UTC(), Attempts: e.Attempts, State: "expired"}
-	switch {
-	case e.ProcessedAt != nil:
-		t := e.ProcessedAt.UTC()
-		out.ProcessedAt, out.State = &t, "processed"
-	case e.ExpiresAt.After(now):
-		out.State = "locked"
-	}
-	return out
-}
-
 func (c *cli) inboxList(args []string) error {
 	fs := c.flags("inbox ls")
 	id := fs.String("message-id", "", "only this message id")
@@ -191,11 +169,7 @@ func (c *cli) listInbox(q inbox.Query) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	out := make([]inboxEntry, len(entries))
-	for i, e := range entries {
-		out[i] = toInboxEntry(e, now)
-	}
+	out := view.Inboxes(entries, time.Now())
 	if c.json {
 		return c.printJSON(out)
 	}
@@ -216,22 +190,6 @@ func (c *cli) listInbox(q inbox.Query) error {
 }
 
 // ---- outbox ----
-
-type outboxRow struct {
-	ID            int64             `json:"id"`
-	MessageID     string            `json:"messageId"`
-	MessageType   string            `json:"messageType"`
-	Destination   string            `json:"destination"`
-	RoutingKey    string            `json:"routingKey,omitempty"`
-	CorrelationID string            `json:"correlationId,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	PayloadBytes  int               `json:"payloadBytes"`
-	Status        string            `json:"status"`
-	Attempts      int               `json:"attempts"`
-	LastError     string            `json:"lastError,omitempty"`
-	CreatedAt     time.Time         `json:"createdAt"`
-	DeliveredAt   *time.Time        `json:"deliveredAt,omitempty"`
-}
 
 func (c *cli) outboxList(args []string) error {
 	fs := c.flags("outbox ls")
@@ -258,16 +216,7 @@ func (c *cli) outboxList(args []string) error {
 	if err != nil {
 		return err
 	}
-	out := make([]outboxRow, len(msgs))
-	for i, m := range msgs {
-		out[i] = outboxRow{ID: m.ID, MessageID: m.MessageID, MessageType: m.MessageType, Destination: m.Destination,
-			RoutingKey: m.RoutingKey, CorrelationID: m.CorrelationID, Headers: m.Headers, PayloadBytes: len(m.Payload),
-			Status: string(m.Status), Attempts: m.Attempts, LastError: m.LastError, CreatedAt: m.CreatedAt.UTC()}
-		if m.DeliveredAt != nil {
-			t := m.DeliveredAt.UTC()
-			out[i].DeliveredAt = &t
-		}
-	}
+	out := view.Outboxes(msgs)
 	if c.json {
 		return c.printJSON(out)
 	}

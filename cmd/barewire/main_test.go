@@ -16,6 +16,7 @@ import (
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/internal/view"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -163,16 +164,16 @@ func testCLI(t *testing.T, db *gorm.DB, dsn, prefix string) {
 			t.Errorf("misaligned row %q (status column at %d)", l, col)
 		}
 	}
-	parked := decode[[]outboxRow](t, ok(t, cmd("outbox", "ls", "--status", "parked", "--json")...))
+	parked := decode[[]view.OutboxRow](t, ok(t, cmd("outbox", "ls", "--status", "parked", "--json")...))
 	if len(parked) != 1 || parked[0].MessageID != "out-3" || parked[0].Attempts != 1 || parked[0].Headers["tenant"] != "acme" {
 		t.Fatalf("parked rows = %+v", parked)
 	}
-	page := decode[[]outboxRow](t, ok(t, cmd("outbox", "ls", "--json", "--limit", "1", "--after-id", "0")...))
+	page := decode[[]view.OutboxRow](t, ok(t, cmd("outbox", "ls", "--json", "--limit", "1", "--after-id", "0")...))
 	if len(page) != 1 || page[0].MessageID != "out-1" {
 		t.Errorf("first page = %+v", page)
 	}
 
-	unprocessed := decode[[]inboxEntry](t, ok(t, cmd("inbox", "ls", "--processed=false", "--json")...))
+	unprocessed := decode[[]view.InboxEntry](t, ok(t, cmd("inbox", "ls", "--processed=false", "--json")...))
 	if len(unprocessed) != 1 || unprocessed[0].MessageID != "in-4" || unprocessed[0].State != "locked" {
 		t.Errorf("unprocessed entries = %+v", unprocessed)
 	}
