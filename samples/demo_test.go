@@ -5,28 +5,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/barewire-go/barewire/internal/testenv"
 )
-
-// onServices lists the samples whose demo also runs on RabbitMQ and
-// PostgreSQL. (inbox-deduplication's demo uses a fixed message id, so its
-// outcome depends on what earlier runs left in a persistent database.)
-var onServices = []string{
-	"backpressure",
-	"basic-publish-consume",
-	"multi-consumer",
-	"raw-message-interop",
-	"retry-and-dlq",
-	"transactional-outbox",
-}
 
 // sampleDirs lists the sample programs: the directories under samples/
 // with a main.go.
@@ -42,10 +34,8 @@ func sampleDirs(t *testing.T) []string {
 			dirs = append(dirs, e.Name())
 		}
 	}
-	for _, name := range onServices {
-		if !slices.Contains(dirs, name) {
-			t.Errorf("onServices names %q, which is not a sample directory", name)
-		}
+	if len(dirs) == 0 {
+		t.Fatal("no sample directories found")
 	}
 	return dirs
 }
@@ -58,24 +48,125 @@ func TestDemos(t *testing.T) {
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			runDemo(t, filepath.Join(bin, name))
+			out := runDemo(t, filepath.Join(bin, name))
+			if !strings.Contains(out, " on in-process + SQLite") {
+				t.Errorf("%s -demo does not say it runs on the embedded default:\n%s", name, out)
+			}
 		})
 	}
 }
 
-// TestDemosOnServices runs the demos on RabbitMQ and PostgreSQL, one after
-// the other. It needs BAREWIRE_TEST_AMQP_URL and BAREWIRE_TEST_POSTGRES_DSN.
+// TestDemosOnServices runs every demo on RabbitMQ, with the inbox and
+// outbox in PostgreSQL, one after the other. It needs
+// BAREWIRE_TEST_AMQP_URL and BAREWIRE_TEST_POSTGRES_DSN.
 func TestDemosOnServices(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test (needs RabbitMQ and PostgreSQL); not run with -short")
 	}
 	url, dsn := testenv.AMQPURL(t), testenv.PostgresDSN(t)
+	names := sampleDirs(t)
 	bin := buildSamples(t)
-	for _, name := range onServices {
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			runDemo(t, filepath.Join(bin, name), "-amqp-url", url, "-postgres-dsn", dsn)
+			out := runDemo(t, filepath.Join(bin, name), "-amqp-url", url, "-postgres-dsn", isolatedDSN(t, dsn, name))
+			if !strings.Contains(out, " on RabbitMQ + PostgreSQL") {
+				t.Errorf("%s -demo does not say it runs on RabbitMQ + PostgreSQL:\n%s", name, out)
+			}
 		})
 	}
+}
+
+// TestDemosOnPostgresTransport runs every demo with -transport postgres:
+// the PostgreSQL transport, no broker, the queues, the inbox and the outbox
+// in one database. It needs BAREWIRE_TEST_POSTGRES_DSN.
+func TestDemosOnPostgresTransport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test (needs PostgreSQL); not run with -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	names := sampleDirs(t)
+	bin := buildSamples(t)
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			out := runDemo(t, filepath.Join(bin, name), "-transport", "postgres", "-postgres-dsn", isolatedDSN(t, dsn, name))
+			if !strings.Contains(out, " on PostgreSQL transport") {
+				t.Errorf("%s -demo does not say it runs on the PostgreSQL transport:\n%s", name, out)
+			}
+		})
+	}
+}
+
+// TestTransportFlagErrors checks that a transport selection that cannot
+// work stops a sample at once (exit status 2) with a message saying why.
+func TestTransportFlagErrors(t *testing.T) {
+	bin := filepath.Join(buildSamples(t), "basic-publish-consume")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-transport", "postgres"}, "-transport postgres needs -postgres-dsn"},
+		{[]string{"-transport", "rabbitmq"}, "-transport rabbitmq needs -amqp-url"},
+		{[]string{"-transport", "kafka"}, `-transport "kafka": use one of embedded, rabbitmq, postgres`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, append([]string{"-demo"}, tc.args...)...)
+			cmd.Env = append(os.Environ(), clearedEnv...)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Fatalf("want exit status 2, got %v:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("output does not say %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// isolatedDSN returns dsn with search_path set to a schema of its own,
+// created for this test and dropped (with every table the sample created
+// in it) when the test ends: runs never see each other's tables, queue
+// rows, bindings or inbox entries.
+func isolatedDSN(t *testing.T, dsn, sampleName string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	defer conn.Close(context.Background())
+	schema := "bwsample_" + strings.ReplaceAll(uuid.NewString()[:8]+"_"+sampleName, "-", "_")
+	ident := pgx.Identifier{schema}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
+		t.Fatalf("create schema %s: %v", schema, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+ident+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := neturl.Parse(dsn)
+		if err != nil {
+			t.Fatalf("parse DSN: %v", err)
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " search_path=" + schema
 }
 
 // built holds the sample binaries, built once for all tests.
@@ -122,15 +213,18 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
+// clearedEnv clears the BAREWIRE_* variables that select services, so that
+// only the arguments choose them.
+var clearedEnv = []string{"BAREWIRE_TRANSPORT=", "BAREWIRE_AMQP_URL=", "BAREWIRE_POSTGRES_DSN=", "BAREWIRE_LISTEN="}
+
 // runDemo runs bin -demo with args and fails the test unless it exits 0
-// within two minutes. The BAREWIRE_* variables that select services are
-// cleared, so that only args choose them.
-func runDemo(t *testing.T, bin string, args ...string) {
+// within two minutes; it returns what the demo printed.
+func runDemo(t *testing.T, bin string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"-demo"}, args...)...)
-	cmd.Env = append(os.Environ(), "BAREWIRE_AMQP_URL=", "BAREWIRE_POSTGRES_DSN=", "BAREWIRE_LISTEN=")
+	cmd.Env = append(os.Environ(), clearedEnv...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -146,4 +240,5 @@ func runDemo(t *testing.T, bin string, args ...string) {
 		t.Fatalf("run %s: %v", bin, err)
 	}
 	t.Logf("%s -demo passed in %v", filepath.Base(bin), time.Since(start).Round(time.Millisecond))
+	return out.String()
 }

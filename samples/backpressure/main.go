@@ -10,8 +10,9 @@
 //	go run ./samples/backpressure -demo   # scripted run, prints and exits
 //	go run ./samples/backpressure         # HTTP API on 127.0.0.1:8086
 //
-// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL. On the
-// embedded SQLite default every handler runs inside a transaction on the
+// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL, or
+// -transport postgres with -postgres-dsn to run on the PostgreSQL transport
+// (no broker; see README.md). On the embedded SQLite default every handler runs inside a transaction on the
 // database's single connection, so handlers run one at a time; with
 // PostgreSQL they run ConcurrentMessageLimit at a time.
 package main
@@ -159,7 +160,7 @@ func main() {
 	}
 	ep := b.Endpoints()[0] // with defaults applied
 	a := &app{b: b, w: w, f: f, limit: ep.ConcurrentMessageLimit, prefetch: ep.PrefetchCount}
-	if f.AMQPURL != "" {
+	if f.Is(sample.TransportRabbitMQ) {
 		a.queue = &queueInspector{url: f.AMQPURL}
 		defer a.queue.Close()
 	}
@@ -249,7 +250,7 @@ func (a *app) postBurst(w http.ResponseWriter, r *http.Request) {
 // drainEstimate is n × work ÷ the handlers that can really run at once.
 func (a *app) drainEstimate(n int) time.Duration {
 	parallel := a.limit
-	if a.f.PostgresDSN == "" {
+	if !a.f.OnPostgres() {
 		parallel = 1 // SQLite's single connection serializes the handlers' transactions
 	}
 	return (time.Duration(n) * a.w.work / time.Duration(parallel)).Round(time.Millisecond)
@@ -346,7 +347,7 @@ func (a *app) demo(ctx context.Context, n int) error {
 	c.Expect(done.Consumed == int64(n), "all %d messages were consumed", n)
 	c.Expect(s.MaxInFlight <= int64(a.limit), "handlers in flight never exceeded ConcurrentMessageLimit %d (max %d)", a.limit, s.MaxInFlight)
 	c.Expect(s.MaxBusInFlight <= int64(a.limit), "the bus's in-flight count never exceeded it either (max %d)", s.MaxBusInFlight)
-	if a.f.PostgresDSN != "" {
+	if a.f.OnPostgres() {
 		c.Expect(s.MaxInFlight == int64(a.limit), "with PostgreSQL the handlers ran %d at a time (max %d)", a.limit, s.MaxInFlight)
 	} else {
 		c.Expect(s.MaxInFlight == 1, "on SQLite the handlers ran one at a time, serialized on its single connection (max %d)", s.MaxInFlight)

@@ -6,7 +6,9 @@
 //	go run ./samples/basic-publish-consume -demo   # scripted run, prints and exits
 //	go run ./samples/basic-publish-consume         # HTTP API on 127.0.0.1:8082
 //
-// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL.
+// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL, or
+// -transport postgres with -postgres-dsn to run on the PostgreSQL transport
+// (no broker; see README.md).
 package main
 
 import (

@@ -10,7 +10,9 @@
 //	go run ./samples/multi-consumer -demo   # scripted run, prints and exits
 //	go run ./samples/multi-consumer         # HTTP API on 127.0.0.1:8084
 //
-// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL.
+// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL, or
+// -transport postgres with -postgres-dsn to run on the PostgreSQL transport
+// (no broker; see README.md).
 package main
 
 import (

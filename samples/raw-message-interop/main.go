@@ -9,8 +9,8 @@
 // (the endpoint's MissingMessageID policy, RejectMissingID by default).
 //
 // With -amqp-url the producer really is a separate plain AMQP connection.
-// On the embedded default there is no broker to publish to, so the sample
-// simulates the producer with bus.Send of a bus.Raw carrying the same
+// On the embedded default and on the PostgreSQL transport (-transport
+// postgres) there is no broker to publish to, so the sample simulates the producer with bus.Send of a bus.Raw carrying the same
 // properties as headers.
 //
 //	go run ./samples/raw-message-interop -demo   # scripted run, prints and exits
@@ -175,12 +175,12 @@ func (p *amqpProducer) Close() error {
 type busProducer struct{ b *bus.Bus }
 
 func (p busProducer) Describe() string {
-	return "simulated with bus.Send of a bus.Raw (no broker on the embedded default)"
+	return "simulated with bus.Send of a bus.Raw (no broker on this transport)"
 }
 
 func (p busProducer) Publish(ctx context.Context, m rawMessage) error {
 	if m.MessageID == "" {
-		return errors.New("the embedded transport cannot send a message without an id (the bus always assigns one); run with -amqp-url to try it")
+		return errors.New("the bus cannot send a message without an id (it always assigns one); run with -transport rabbitmq (-amqp-url) to try it")
 	}
 	h := bus.Headers{bus.HeaderMessageID: m.MessageID}
 	if m.CorrelationID != "" {
@@ -205,7 +205,7 @@ func main() {
 		log.Fatal(err)
 	}
 	var p producer = busProducer{b}
-	if f.AMQPURL != "" {
+	if f.Is(sample.TransportRabbitMQ) {
 		p = &amqpProducer{url: f.AMQPURL}
 	}
 	defer func() {
@@ -213,7 +213,7 @@ func main() {
 			log.Printf("close producer: %v", err)
 		}
 	}()
-	a := &app{b: b, p: p, amqp: f.AMQPURL != ""}
+	a := &app{b: b, p: p, amqp: f.Is(sample.TransportRabbitMQ)}
 	if f.Demo {
 		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
 			_ = p.Close()
@@ -353,7 +353,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 		fmt.Printf("published %-27s message_id %s\n", s.what, id)
 	}
 	if !a.amqp {
-		fmt.Println("(a message without message_id needs -amqp-url: the bus itself always assigns an id)")
+		fmt.Println("(a message without message_id needs -transport rabbitmq: the bus itself always assigns an id)")
 	}
 
 	ids := []string{jsonMsg.MessageID, textMsg.MessageID}

@@ -11,7 +11,9 @@
 //	go run ./samples/retry-and-dlq -demo   # scripted run, prints and exits
 //	go run ./samples/retry-and-dlq         # HTTP API on 127.0.0.1:8083
 //
-// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL.
+// Add -amqp-url and -postgres-dsn to run on RabbitMQ and PostgreSQL, or
+// -transport postgres with -postgres-dsn to run on the PostgreSQL transport
+// (no broker; see README.md).
 package main
 
 import (

@@ -1,5 +1,5 @@
-// Package sample holds what every sample shares: the flags that select
-// RabbitMQ and PostgreSQL, JSON helpers, health routes and a clean shutdown
+// Package sample holds what every sample shares: the flags that select the
+// transport (embedded, RabbitMQ or PostgreSQL) and the database, JSON helpers, health routes and a clean shutdown
 // on SIGINT/SIGTERM.
 package sample
 
@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -27,23 +28,45 @@ import (
 	"github.com/barewire-go/barewire/outbox"
 )
 
+// Transports that -transport selects.
+const (
+	TransportEmbedded = "embedded" // in-process transport; inbox/outbox in SQLite, or in -postgres-dsn
+	TransportRabbitMQ = "rabbitmq" // RabbitMQ at -amqp-url; inbox/outbox as for embedded
+	TransportPostgres = "postgres" // PostgreSQL at -postgres-dsn: queues, inbox and outbox in one database
+)
+
+// Transports lists the values -transport accepts.
+var Transports = []string{TransportEmbedded, TransportRabbitMQ, TransportPostgres}
+
 // Flags are the settings every sample accepts. Environment variables
-// BAREWIRE_AMQP_URL, BAREWIRE_POSTGRES_DSN and BAREWIRE_LISTEN give defaults.
+// BAREWIRE_TRANSPORT, BAREWIRE_AMQP_URL, BAREWIRE_POSTGRES_DSN and
+// BAREWIRE_LISTEN give defaults.
 type Flags struct {
-	AMQPURL     string
-	PostgresDSN string
-	Listen      string
-	Demo        bool
+	// TransportName is -transport: embedded, rabbitmq or postgres. Empty
+	// picks rabbitmq when AMQPURL is set and embedded otherwise; Kind
+	// resolves it.
+	TransportName string
+	AMQPURL       string
+	PostgresDSN   string
+	Listen        string
+	Demo          bool
 }
 
-// ParseFlags parses the command line.
+// ParseFlags parses the command line. An invalid transport selection (an
+// unknown -transport, rabbitmq without -amqp-url, postgres without
+// -postgres-dsn) exits with status 2 and says what is missing.
 func ParseFlags(defaultListen string) Flags {
 	var f Flags
-	flag.StringVar(&f.AMQPURL, "amqp-url", os.Getenv("BAREWIRE_AMQP_URL"), "RabbitMQ URL (amqp://user:pass@host:5672/vhost); empty runs the embedded in-process transport")
-	flag.StringVar(&f.PostgresDSN, "postgres-dsn", os.Getenv("BAREWIRE_POSTGRES_DSN"), "PostgreSQL DSN for the inbox/outbox tables; empty uses embedded in-memory SQLite")
+	flag.StringVar(&f.TransportName, "transport", os.Getenv("BAREWIRE_TRANSPORT"), "transport: "+strings.Join(Transports, ", ")+"; default rabbitmq when -amqp-url is given, else embedded")
+	flag.StringVar(&f.AMQPURL, "amqp-url", os.Getenv("BAREWIRE_AMQP_URL"), "RabbitMQ URL (amqp://user:pass@host:5672/vhost) for -transport rabbitmq; given alone, it selects rabbitmq")
+	flag.StringVar(&f.PostgresDSN, "postgres-dsn", os.Getenv("BAREWIRE_POSTGRES_DSN"), "PostgreSQL DSN: the database of -transport postgres; on the other transports the inbox/outbox database (empty: embedded in-memory SQLite)")
 	flag.StringVar(&f.Listen, "listen", envOr("BAREWIRE_LISTEN", defaultListen), "HTTP listen address")
 	flag.BoolVar(&f.Demo, "demo", false, "run the scripted demo, print what happened and exit (no HTTP server)")
 	flag.Parse()
+	if _, err := f.Kind(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", filepath.Base(os.Args[0]), err)
+		os.Exit(2)
+	}
 	return f
 }
 
@@ -54,12 +77,61 @@ func envOr(k, def string) string {
 	return def
 }
 
-// Options turns the flags into bus options: RabbitMQ when -amqp-url is
-// given, PostgreSQL when -postgres-dsn is given, the embedded default
-// otherwise. declare declares the sample's endpoints on either transport.
+// Kind returns the selected transport, one of Transports, or an error that
+// says why the selection cannot work.
+func (f Flags) Kind() (string, error) {
+	name := strings.ToLower(strings.TrimSpace(f.TransportName))
+	switch name {
+	case "":
+		if f.AMQPURL != "" {
+			return TransportRabbitMQ, nil
+		}
+		return TransportEmbedded, nil
+	case TransportEmbedded:
+		return name, nil
+	case TransportRabbitMQ:
+		if f.AMQPURL == "" {
+			return "", errors.New("-transport rabbitmq needs -amqp-url (or BAREWIRE_AMQP_URL), e.g. amqp://guest:guest@127.0.0.1:5672/")
+		}
+		return name, nil
+	case TransportPostgres:
+		if f.PostgresDSN == "" {
+			return "", errors.New("-transport postgres needs -postgres-dsn (or BAREWIRE_POSTGRES_DSN), e.g. 'host=127.0.0.1 user=postgres dbname=app sslmode=disable'")
+		}
+		return name, nil
+	}
+	return "", fmt.Errorf("-transport %q: use one of %s", f.TransportName, strings.Join(Transports, ", "))
+}
+
+// Options turns the flags into bus options. declare declares the sample's
+// endpoints on whichever transport is selected; configure, if not nil,
+// adjusts the inbox/outbox options.
+//
+//   - embedded: the in-process transport; the inbox and outbox in
+//     PostgreSQL when -postgres-dsn is given, in in-memory SQLite otherwise.
+//   - rabbitmq: RabbitMQ at -amqp-url; the inbox and outbox as for embedded.
+//   - postgres: the PostgreSQL transport on -postgres-dsn; its queues, the
+//     inbox and the outbox share that database.
 func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox.Options)) ([]bus.Option, error) {
+	kind, err := f.Kind()
+	if err != nil {
+		return nil, err
+	}
 	opts := []bus.Option{bus.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))}
-	if f.AMQPURL != "" {
+	if kind == TransportPostgres {
+		db, err := gormstore.OpenPostgres(f.PostgresDSN)
+		if err != nil {
+			return nil, err
+		}
+		// No WithOutbox: the inbox and outbox live in the transport's
+		// database, so PublishTx writes straight to the queue.
+		opts = append(opts, bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) { declare(&p.Endpoints) }))
+		if configure != nil {
+			opts = append(opts, bus.WithOutboxOptions(configure))
+		}
+		return opts, nil
+	}
+	if kind == TransportRabbitMQ {
 		opts = append(opts, bus.WithRabbitMQ(f.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }))
 	} else {
 		opts = append(opts, bus.WithEndpoints(declare))
@@ -76,16 +148,36 @@ func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox
 	return opts, nil
 }
 
+// Is reports whether kind (one of Transports) is the selected transport.
+func (f Flags) Is(kind string) bool {
+	k, err := f.Kind()
+	return err == nil && k == kind
+}
+
+// OnPostgres reports whether the database (of the inbox, the outbox and the
+// sample's own tables) is PostgreSQL rather than SQLite.
+func (f Flags) OnPostgres() bool { return f.PostgresDSN != "" }
+
 // Transport names the selected transport and database for the console.
 func (f Flags) Transport() string {
-	t, d := "in-process", "SQLite (in memory)"
-	if f.AMQPURL != "" {
-		t = "RabbitMQ"
+	kind, err := f.Kind()
+	if err != nil {
+		return "invalid transport (" + err.Error() + ")"
 	}
+	switch kind {
+	case TransportPostgres:
+		return "PostgreSQL transport + PostgreSQL (queues, inbox and outbox in one database)"
+	case TransportRabbitMQ:
+		return "RabbitMQ + " + f.database()
+	}
+	return "in-process + " + f.database()
+}
+
+func (f Flags) database() string {
 	if f.PostgresDSN != "" {
-		d = "PostgreSQL"
+		return "PostgreSQL"
 	}
-	return t + " + " + d
+	return "SQLite (in memory)"
 }
 
 // WriteJSON writes v as JSON with status.
