@@ -78,12 +78,17 @@ func toPublishing(m *outbox.Message, now time.Time) amqp.Publishing {
 }
 
 // fromDelivery builds the Watermill message for a delivery. The UUID is the
-// message_id property, else the Watermill header, else "" (never invented).
+// message_id property, else a `message-id` header (what BareWire's docs
+// tell plain-client publishers to set), else the Watermill header, else ""
+// (never invented).
 // Every header is copied into Metadata as a string, whatever its AMQP type.
 func fromDelivery(d *amqp.Delivery) *message.Message {
 	id := d.MessageId
-	if id == "" {
-		if v, ok := d.Headers[wire.HeaderWatermillUUID]; ok {
+	for _, h := range []string{wire.HeaderMessageID, wire.HeaderWatermillUUID} {
+		if id != "" {
+			break
+		}
+		if v, ok := d.Headers[h]; ok {
 			id = headerString(v)
 		}
 	}

@@ -123,6 +123,17 @@ func TestFromDelivery(t *testing.T) {
 	if m.UUID != "w1" || m.Metadata.Get(wire.HeaderMessageType) != "H" {
 		t.Errorf("watermill fallback: %q %v", m.UUID, m.Metadata)
 	}
+	// A plain client that sets only the message-id header; it wins over
+	// the Watermill header.
+	m = fromDelivery(&amqp.Delivery{Headers: amqp.Table{wire.HeaderMessageID: "h1", wire.HeaderWatermillUUID: "w1"}})
+	if m.UUID != "h1" {
+		t.Errorf("message-id header fallback: %q", m.UUID)
+	}
+	// The property wins over both headers.
+	m = fromDelivery(&amqp.Delivery{MessageId: "p1", Headers: amqp.Table{wire.HeaderMessageID: "h1", wire.HeaderWatermillUUID: "w1"}})
+	if m.UUID != "p1" || m.Metadata.Get(wire.HeaderMessageID) != "p1" {
+		t.Errorf("property precedence: %q %v", m.UUID, m.Metadata)
+	}
 	m = fromDelivery(&amqp.Delivery{})
 	if m.UUID != "" || m.Metadata.Get(wire.HeaderMessageID) != "" {
 		t.Errorf("invented an id: %q", m.UUID)
