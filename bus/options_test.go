@@ -2,10 +2,21 @@ package bus_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -53,5 +64,122 @@ func TestDeleteOnDeliverLeavesNoRows(t *testing.T) {
 	}
 	if st.Delivered != 0 || st.Pending != 0 || st.Parked != 0 {
 		t.Fatalf("outbox %+v; want no rows left after delivery", st)
+	}
+}
+
+// WithSQLite keeps the tables in a file: a bus started again on the same
+// file still knows what its inbox processed, so a re-published id is
+// absorbed (with the in-memory default it would be handled again).
+func TestWithSQLiteFileKeepsTheInboxAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "barewire.db")
+	run := func(ids ...string) []seen {
+		rec := newRecorder()
+		b, err := bus.New(quiet(), bus.WithSQLite(path), bus.ReceiveEndpoint("sqlite-file", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, paymentConsumer("sqlite-file", rec))
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := b.Publish(ctx, PaymentReceived{PaymentID: id}, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec.wait(t, 1)
+		drain(t, b)
+		if err := b.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return rec.snapshot()
+	}
+	if got := run("persist-1"); len(got) != 1 || got[0].MessageID != "persist-1" {
+		t.Fatalf("first run handled %+v", got)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+		t.Fatalf("database file: %v %v", fi, err)
+	}
+	got := run("persist-1", "persist-2")
+	if len(got) != 1 || got[0].MessageID != "persist-2" {
+		t.Fatalf("second run handled %+v; want only persist-2 (persist-1 is in the file's inbox)", got)
+	}
+}
+
+// deleteCapture records how many rows each cleanup DELETE removed, per table.
+type deleteCapture struct {
+	logger.Interface
+	mu   sync.Mutex
+	rows map[string][]int64
+}
+
+func (c *deleteCapture) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	sql, n := fc()
+	for _, table := range []string{"barewire_outbox", "barewire_inbox"} {
+		if strings.HasPrefix(sql, "DELETE FROM "+table+" WHERE") && strings.Contains(sql, "LIMIT") {
+			c.mu.Lock()
+			c.rows[table] = append(c.rows[table], n)
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *deleteCapture) snapshot(table string) []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.rows[table])
+}
+
+// CleanupBatchSize bounds every retention DELETE: 10 expired rows in each
+// table go in batches of 3, 3, 3, 1.
+func TestCleanupBatchSizeBoundsEachDelete(t *testing.T) {
+	t.Parallel()
+	db, err := gormstore.OpenSQLite("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gormstore.Close(db) })
+	capture := &deleteCapture{Interface: logger.Discard, rows: map[string][]int64{}}
+	rec := newRecorder()
+	b := start(t, quiet(),
+		bus.WithOutbox(db.Session(&gorm.Session{Logger: capture}), func(o *outbox.Options) {
+			o.CleanupBatchSize = 3
+			// The first pass runs after one interval, when all 10 rows
+			// are past their retention.
+			o.CleanupInterval = 1500 * time.Millisecond
+			o.OutboxRetention = time.Millisecond
+			o.InboxLockTimeout = 100 * time.Millisecond
+			o.InboxRetention = 200 * time.Millisecond
+		}),
+		bus.ReceiveEndpoint("cleanup-batches", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, paymentConsumer("cleanup-batches", rec))
+		}))
+	err = b.Transaction(context.Background(), func(tx *gorm.DB) error {
+		for i := range 10 {
+			if err := b.PublishTx(context.Background(), tx, PaymentReceived{PaymentID: strconv.Itoa(i)}, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.wait(t, 10)
+	for _, table := range []string{"barewire_outbox", "barewire_inbox"} {
+		waitFor(t, func() bool {
+			var sum int64
+			for _, n := range capture.snapshot(table) {
+				sum += n
+			}
+			return sum == 10
+		})
+		got := capture.snapshot(table)
+		if len(got) < 4 || slices.Max(got) != 3 {
+			t.Errorf("%s: deletes removed %v rows; want batches of at most 3 (3, 3, 3, 1)", table, got)
+		}
 	}
 }
