@@ -21,6 +21,12 @@ const (
 	roleRelay    = "relay"
 )
 
+// Transports the service can run on (-transport).
+const (
+	transportRabbitMQ = "rabbitmq"
+	transportPostgres = "postgres"
+)
+
 // config is the service's configuration. Every flag can also be given as
 // an environment variable BWTESTSVC_<FLAG> (upper case, '-' as '_'); the
 // connection strings additionally read BAREWIRE_AMQP_URL and
@@ -32,6 +38,14 @@ type config struct {
 	Names       workload.Names
 	Roles       []string
 	Instance    string
+	// Transport is rabbitmq (the default) or postgres. On postgres the
+	// endpoints' queues are tables in the PostgreSQL database (prefixed
+	// with the run's table prefix), no AMQP URL is needed, and PublishTx
+	// writes queue rows in the producer's own transaction.
+	Transport string
+	// PGLease is the PostgreSQL transport's Lease: how soon the message
+	// of a killed or frozen consumer can be claimed again.
+	PGLease time.Duration
 
 	// Bus and inbox/outbox tuning.
 	InboxLockTimeout time.Duration
@@ -79,6 +93,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.Names.Run, "run", "", "run id: namespaces queues, exchanges and message types (required)")
 	fs.StringVar(&roles, "roles", "consumer", "comma-separated roles: producer, consumer, relay")
 	fs.StringVar(&c.Instance, "instance", "", "instance name in logs, leases and effect rows (default: host-pid)")
+	fs.StringVar(&c.Transport, "transport", transportRabbitMQ, "transport: rabbitmq or postgres (postgres needs no AMQP URL: queues are tables in the PostgreSQL database)")
+	fs.DurationVar(&c.PGLease, "pg-lease", 0, "postgres transport: Lease, how soon a killed or frozen consumer's message is claimed again (0: -inbox-lock-timeout plus 1s, so that the redelivery finds the inbox lock expired and takes it over)")
 	fs.DurationVar(&c.InboxLockTimeout, "inbox-lock-timeout", 3*time.Second, "InboxLockTimeout")
 	fs.DurationVar(&c.RelayLease, "relay-lease", 3*time.Second, "outbox RelayLease")
 	fs.DurationVar(&c.PollingInterval, "polling-interval", time.Second, "outbox PollingInterval")
@@ -125,6 +141,12 @@ func parseConfig(args []string) (*config, error) {
 		host, _ := os.Hostname()
 		c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	if c.Transport == "" { // BWTESTSVC_TRANSPORT set but empty
+		c.Transport = transportRabbitMQ
+	}
+	if c.PGLease == 0 && c.InboxLockTimeout > 0 {
+		c.PGLease = c.InboxLockTimeout + time.Second
+	}
 	return c, c.validate()
 }
 
@@ -151,8 +173,19 @@ func applyEnv(fs *flag.FlagSet) error {
 func (c *config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.AMQPURL == "" {
-		bad("no RabbitMQ URL: set BAREWIRE_AMQP_URL or -amqp-url")
+	switch c.Transport {
+	case transportRabbitMQ:
+		if c.AMQPURL == "" {
+			bad("no RabbitMQ URL: set BAREWIRE_AMQP_URL or -amqp-url (or choose -transport postgres)")
+		}
+	case transportPostgres:
+		// The lease is extended every third of itself while a handler
+		// runs; below 100ms the transport refuses it.
+		if c.PGLease < 100*time.Millisecond {
+			bad("-pg-lease %v: use at least 100ms", c.PGLease)
+		}
+	default:
+		bad("-transport %q: use rabbitmq or postgres", c.Transport)
 	}
 	if c.PostgresDSN == "" {
 		bad("no PostgreSQL DSN: set BAREWIRE_POSTGRES_DSN or -postgres-dsn")
@@ -213,4 +246,25 @@ func redactURL(raw string) string {
 		return "amqp://xxxxx (unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// withApplicationName returns dsn with application_name set to name (it
+// replaces any application_name the DSN had), in either DSN form. The
+// harness finds the process's sessions in pg_stat_activity by that name.
+func withApplicationName(dsn, name string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", errors.New("cannot parse the PostgreSQL DSN as a URL") // never quote it: it may hold a password
+		}
+		q := u.Query()
+		q.Set("application_name", name)
+		// Encode writes a space as '+', which pgx reads literally; a '+'
+		// of the values themselves is already %2B.
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+		return u.String(), nil
+	}
+	// key=value form: a later key wins, so appending overrides.
+	quoted := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(name)
+	return strings.TrimSpace(dsn) + " application_name='" + quoted + "'", nil
 }

@@ -1,6 +1,14 @@
 // Command barewire-testsvc is the service the reliability suite (package
 // reliability) starts, kills and checks. One process plays one or more
-// roles against a shared RabbitMQ broker and PostgreSQL database:
+// roles against a shared RabbitMQ broker and PostgreSQL database, or, with
+// -transport postgres (BWTESTSVC_TRANSPORT=postgres), against PostgreSQL
+// alone: the PostgreSQL transport's queue tables carry the messages (they
+// share the run's table prefix), PublishTx and the consumers' publishes
+// write queue rows in their own transaction (no outbox row, no relay hop),
+// and -pg-lease sets how soon a killed or frozen consumer's message is
+// claimed again. Every process sets application_name on its database
+// connections to workload.ApplicationName, so that the harness can find
+// its sessions in pg_stat_activity. The roles:
 //
 //   - producer: commits orders through bus.PublishTx, each in a transaction
 //     that also writes a produced row; rolls back a fraction of them
@@ -80,12 +88,23 @@ func run(ctx context.Context, args []string) error {
 	}
 	s := &service{cfg: cfg}
 	s.log = newLogger(os.Stderr, level, &s.fenced).With("instance", cfg.Instance)
-	s.log.Info("starting", "roles", cfg.Roles, "run", cfg.Names.Run, "table_prefix", cfg.Names.Prefix,
-		"amqp_url", redactURL(cfg.AMQPURL), "postgres_dsn", redactDSN(cfg.PostgresDSN),
+	attrs := []any{"roles", cfg.Roles, "run", cfg.Names.Run, "table_prefix", cfg.Names.Prefix, "transport", cfg.Transport}
+	if cfg.Transport == transportRabbitMQ {
+		attrs = append(attrs, "amqp_url", redactURL(cfg.AMQPURL))
+	} else {
+		attrs = append(attrs, "pg_lease", cfg.PGLease)
+	}
+	appName := workload.ApplicationName(cfg.Names.Run, cfg.Instance, os.Getpid())
+	attrs = append(attrs, "postgres_dsn", redactDSN(cfg.PostgresDSN), "application_name", appName,
 		"inbox_lock_timeout", cfg.InboxLockTimeout, "relay_lease", cfg.RelayLease,
 		"handler_delay", cfg.HandlerDelay, "fail_first", cfg.FailFirst, "kill_after_confirm", cfg.KillAfterConfirm)
+	s.log.Info("starting", attrs...)
 
-	db, err := gormstore.OpenPostgres(cfg.PostgresDSN)
+	dsn, err := withApplicationName(cfg.PostgresDSN, appName)
+	if err != nil {
+		return err
+	}
+	db, err := gormstore.OpenPostgres(dsn)
 	if err != nil {
 		return err
 	}
@@ -106,19 +125,38 @@ func run(ctx context.Context, args []string) error {
 }
 
 // newBus builds the bus. Only the consumer role starts it; the producer
-// role uses it unstarted, for PublishTx (which only writes outbox rows).
+// role uses it unstarted, for PublishTx (which writes outbox rows on
+// RabbitMQ, and queue rows in the producer's transaction on the PostgreSQL
+// transport).
 func (s *service) newBus() error {
 	cfg := s.cfg
+	declare := func(e *endpoint.Endpoints) {
+		if cfg.has(roleConsumer) {
+			s.consumers = &consumers{cfg: cfg}
+			s.consumers.declare(e)
+		}
+	}
+	var tr bus.Option
+	switch cfg.Transport {
+	case transportPostgres:
+		// The outbox below is on the same *gorm.DB, so PublishTx and the
+		// consumers' publishes write queue rows in their own transaction:
+		// no outbox row, no relay hop.
+		tr = bus.WithPostgresTransport(s.db, func(p *bus.PostgresTransport) {
+			declare(&p.Endpoints)
+			p.TablePrefix = cfg.Names.TransportPrefix()
+			p.Lease = cfg.PGLease
+			p.PollInterval = cfg.PollingInterval
+			p.DisableAutoMigrate = true // see migrate
+		})
+	default:
+		tr = bus.WithRabbitMQ(cfg.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) })
+	}
 	opts := []bus.Option{
 		bus.WithLogger(s.log),
 		bus.WithInstanceID(cfg.Instance),
 		bus.WithStopTimeout(cfg.StopTimeout),
-		bus.WithRabbitMQ(cfg.AMQPURL, func(r *endpoint.RabbitMQ) {
-			if cfg.has(roleConsumer) {
-				s.consumers = &consumers{cfg: cfg}
-				s.consumers.declare(&r.Endpoints)
-			}
-		}),
+		tr,
 		bus.WithOutbox(s.db, func(o *outbox.Options) {
 			o.TablePrefix = cfg.Names.Prefix
 			o.InboxLockTimeout = cfg.InboxLockTimeout
@@ -161,6 +199,9 @@ func (s *service) migrate(ctx context.Context) error {
 			if err = st.Migrate(ctx); err == nil {
 				err = workload.Migrate(ctx, s.db, s.cfg.Names)
 			}
+			if err == nil && s.cfg.Transport == transportPostgres {
+				err = workload.MigrateTransport(ctx, s.db, s.cfg.Names)
+			}
 		}
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
@@ -172,10 +213,16 @@ func (s *service) migrate(ctx context.Context) error {
 
 // tablesExist reports whether every table of the run exists.
 func (s *service) tablesExist(ctx context.Context) (bool, error) {
-	names := append([]string{"inbox", "outbox"}, workload.Tables...)
+	var names []string
+	for _, t := range append([]string{"inbox", "outbox"}, workload.Tables...) {
+		names = append(names, s.cfg.Names.Table(t))
+	}
+	if s.cfg.Transport == transportPostgres {
+		names = append(names, s.cfg.Names.TransportTables()...)
+	}
 	for _, t := range names {
 		var found *string
-		if err := s.db.WithContext(ctx).Raw("SELECT to_regclass(?)::text", s.cfg.Names.Table(t)).Scan(&found).Error; err != nil {
+		if err := s.db.WithContext(ctx).Raw("SELECT to_regclass(?)::text", t).Scan(&found).Error; err != nil {
 			return false, err
 		}
 		if found == nil {

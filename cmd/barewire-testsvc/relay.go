@@ -10,6 +10,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/pgtransport"
 	"github.com/barewire-go/barewire/internal/rabbit"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -26,8 +27,29 @@ type relayRole struct {
 	delivered atomic.Int64
 }
 
+// relayTransport is what the relay delivers through.
+type relayTransport interface {
+	outbox.Transport
+	Start(ctx context.Context, eps []*endpoint.Endpoint) error
+	Close() error
+}
+
+// newTransport returns the relay's transport: a RabbitMQ connection of its
+// own, or the PostgreSQL transport on the run's tables. (On the latter the
+// workload's publishes never reach the outbox, so the relay finds nothing
+// to deliver; it is still a correct relay.)
+func (r *relayRole) newTransport() (relayTransport, error) {
+	if r.cfg.Transport == transportPostgres {
+		return pgtransport.New(r.db, pgtransport.Config{
+			TablePrefix: r.cfg.Names.TransportPrefix(), Lease: r.cfg.PGLease,
+			PollInterval: r.cfg.PollingInterval, DisableAutoMigrate: true,
+		}, r.log)
+	}
+	return rabbit.New(r.cfg.AMQPURL, &endpoint.RabbitMQ{}, r.log)
+}
+
 func (r *relayRole) run(ctx context.Context, ready func()) error {
-	tr, err := rabbit.New(r.cfg.AMQPURL, &endpoint.RabbitMQ{}, r.log)
+	tr, err := r.newTransport()
 	if err != nil {
 		return err
 	}

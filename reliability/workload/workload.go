@@ -18,10 +18,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"regexp"
+	"strings"
 
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/pgtransport"
 )
 
 // Business table suffixes, appended to the table prefix.
@@ -202,4 +204,75 @@ func advisoryKey(name string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	return int64(h.Sum64())
+}
+
+// TransportPrefix is the table prefix of the PostgreSQL transport's tables
+// in a run on that transport: <prefix>queue_messages, <prefix>queues and
+// <prefix>bindings, beside the run's other tables.
+func (n Names) TransportPrefix() string { return n.Prefix }
+
+// TransportTables lists the PostgreSQL transport's tables of the run.
+func (n Names) TransportTables() []string {
+	p := n.TransportPrefix()
+	return []string{p + "queue_messages", p + "queues", p + "bindings"}
+}
+
+// MigrateTransport creates the PostgreSQL transport's tables of the run if
+// they do not exist (pgtransport.MigrationSQL), serialized like Migrate.
+// The processes build their buses with DisableAutoMigrate: the transport's
+// own migration takes a SHARE lock on the live queue table (CREATE INDEX
+// IF NOT EXISTS), which a frozen consumer's open transaction would turn
+// into a stall of every writer.
+func MigrateTransport(ctx context.Context, db *gorm.DB, n Names) error {
+	if err := n.Validate(); err != nil {
+		return err
+	}
+	ddl, err := pgtransport.MigrationSQL(n.TransportPrefix())
+	if err != nil {
+		return err
+	}
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:workload:transport:"+n.Prefix)).Error; err != nil {
+			return err
+		}
+		for s := range strings.SplitSeq(ddl, ";\n") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			if err := tx.Exec(s).Error; err != nil {
+				return fmt.Errorf("workload: migrate the transport's tables: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// DropTransport removes the PostgreSQL transport's tables of the run.
+func DropTransport(ctx context.Context, db *gorm.DB, n Names) error {
+	if err := n.Validate(); err != nil {
+		return err
+	}
+	for _, t := range n.TransportTables() {
+		if err := db.WithContext(ctx).Exec(`DROP TABLE IF EXISTS ` + t).Error; err != nil {
+			return fmt.Errorf("workload: drop %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// ApplicationNameMax is PostgreSQL's limit on application_name (longer
+// names are truncated by the server).
+const ApplicationNameMax = 63
+
+// ApplicationName is the application_name a test service process sets on
+// its database connections: the harness finds the process's sessions in
+// pg_stat_activity by it (the db-close fault). pid is the process's OS pid.
+// It is cut to ApplicationNameMax bytes so that what the server reports is
+// exactly this string.
+func ApplicationName(run, instance string, pid int) string {
+	s := fmt.Sprintf("bwtestsvc %s %s pid %d", run, instance, pid)
+	if len(s) > ApplicationNameMax {
+		s = s[:ApplicationNameMax]
+	}
+	return s
 }
