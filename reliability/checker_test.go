@@ -97,3 +97,22 @@ func TestCheckerDetectsViolations(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckerDirectDelivery checks the PostgreSQL transport's outbox rule:
+// any outbox row at all fails the run (publishes must have gone straight
+// to the queues), while the RabbitMQ rule (one order row per committed
+// publish) no longer applies.
+func TestCheckerDirectDelivery(t *testing.T) {
+	rep := &reliability.Report{Committed: 3, Republished: 1, InboxProcessed: 12, DirectDelivery: true}
+	if f := rep.Failures(); len(f) != 0 {
+		t.Fatalf("an empty outbox on the PostgreSQL transport failed: %q", f)
+	}
+	rep.OutboxRows, rep.OutboxOrderRows = 1, 1
+	if f := strings.Join(rep.Failures(), "\n"); !strings.Contains(f, "outbox holds 1 rows (1 orders); want none") {
+		t.Fatalf("an outbox row on the PostgreSQL transport passed: %q", f)
+	}
+	rep.DirectDelivery = false
+	if f := strings.Join(rep.Failures(), "\n"); !strings.Contains(f, "outbox holds 1 order rows; want 4") {
+		t.Fatalf("the RabbitMQ rule did not apply: %q", f)
+	}
+}

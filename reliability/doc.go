@@ -8,8 +8,13 @@
 //
 // The go test entry points are in this package's tests: TestReliability
 // runs the short profile (CI) or, with BAREWIRE_RELIABILITY_PROFILE=long,
-// the long one (`make reliability PROFILE=long`). They need
-// BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL (see
-// internal/testenv), and, for two of the faults, rabbitmqctl and a command
-// that restarts PostgreSQL (see DefaultRabbitmqctl and DefaultPGRestart).
+// the long one (`make reliability PROFILE=long`), on RabbitMQ.
+// TestReliabilityPostgresTransport runs the same profiles on the PostgreSQL
+// transport (Profile.Transport, see ForPostgresTransport; `make reliability
+// TRANSPORT=postgres`): no broker, db-close instead of broker-close, and
+// relay-kill reported as skipped since no message goes through the outbox.
+// They need BAREWIRE_TEST_POSTGRES_DSN, and on RabbitMQ
+// BAREWIRE_TEST_AMQP_URL (see internal/testenv); for two of the faults,
+// rabbitmqctl and a command that restarts PostgreSQL (see
+// DefaultRabbitmqctl and DefaultPGRestart).
 package reliability

@@ -31,11 +31,36 @@ const (
 	FaultStopCont FaultKind = "stop-cont"
 	// FaultPGRestart restarts PostgreSQL (at most once per run).
 	FaultPGRestart FaultKind = "pg-restart"
+	// FaultDBClose terminates every database session of one consumer
+	// process (pg_terminate_backend on the pg_stat_activity rows carrying
+	// its application_name, see workload.ApplicationName): its handlers'
+	// transactions fail, its claims and acks fail and its LISTEN
+	// connection drops, as in a network cut to the database of that
+	// process alone. It is the PostgreSQL transport's broker-close.
+	FaultDBClose FaultKind = "db-close"
+)
+
+// Transports a profile can run on (Profile.Transport).
+const (
+	// TransportRabbitMQ runs the processes with bus.WithRabbitMQ; the
+	// harness needs Env.AMQPURL and Env.Broker.
+	TransportRabbitMQ = "rabbitmq"
+	// TransportPostgres runs them with bus.WithPostgresTransport on the
+	// run's database (queue tables prefixed like the run's other tables):
+	// publishes in a transaction write queue rows in it, so there is no
+	// outbox row and no relay traffic. No broker is needed.
+	TransportPostgres = "postgres"
 )
 
 // Profile is the shape of one reliability run.
 type Profile struct {
 	Name string
+	// Transport is TransportRabbitMQ (also when empty) or
+	// TransportPostgres (see ForPostgresTransport).
+	Transport string
+	// Lease is the PostgreSQL transport's Lease (how soon a killed or
+	// frozen consumer's message is claimed again); unused on RabbitMQ.
+	Lease time.Duration
 	// Messages is how many producer transactions must commit.
 	Messages int
 	// Consumers and Relays count the consumer processes (at least 2 for
@@ -124,6 +149,43 @@ func LongProfile() Profile {
 	p.FaultGap = 5 * time.Second
 	p.LoadTimeout = envDuration("BAREWIRE_RELIABILITY_LOAD_TIMEOUT", 3*time.Hour)
 	p.DrainTimeout = 30 * time.Minute
+	return p
+}
+
+// ForPostgresTransport adapts p to the PostgreSQL transport:
+//
+//   - Lease is InboxLockTimeout plus 1s, so that a killed or frozen
+//     consumer's message comes back within a few seconds and its
+//     redelivery finds the inbox lock already expired (a takeover, not a
+//     round of "locked elsewhere" nacks);
+//   - no stand-alone relay and no kill-after-confirm: there is no relay
+//     traffic (relay-kill stays in the script and is reported as skipped,
+//     with the reason);
+//   - db-close replaces broker-close;
+//   - fewer messages and a lower rate in the short profile: every message
+//     costs the database the transport's commits on top of the inbox's, on
+//     the same (small, shared) machine. BAREWIRE_RELIABILITY_MESSAGES and
+//     BAREWIRE_RELIABILITY_RATE still override them.
+func ForPostgresTransport(p Profile) Profile {
+	p.Transport = TransportPostgres
+	p.Lease = p.InboxLockTimeout + time.Second
+	p.Relays = 0
+	p.KillAfterConfirm = 0
+	swap := func(in []FaultKind) []FaultKind {
+		out := make([]FaultKind, len(in))
+		for i, k := range in {
+			if k == FaultBrokerClose {
+				k = FaultDBClose
+			}
+			out[i] = k
+		}
+		return out
+	}
+	p.Script, p.Random = swap(p.Script), swap(p.Random)
+	if p.Name == "short" {
+		p.Messages = envInt("BAREWIRE_RELIABILITY_MESSAGES", 2000)
+		p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 60)
+	}
 	return p
 }
 

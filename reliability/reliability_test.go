@@ -32,23 +32,49 @@ func TestReliability(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := serviceBinary(t)
+	runProfile(t, prof, reliability.Env{
+		PostgresDSN: dsn,
+		AMQPURL:     url,
+		Broker:      &reliability.Broker{URL: url, Ctl: reliability.DefaultRabbitmqctl()},
+	})
+}
+
+// TestReliabilityPostgresTransport runs the same profile (short by default,
+// long with BAREWIRE_RELIABILITY_PROFILE=long) on the PostgreSQL transport
+// (reliability.ForPostgresTransport: fewer messages in the short profile,
+// db-close instead of broker-close, no relay traffic to fault), with the
+// same failure criteria, plus an empty outbox: every publish must have
+// written its queue row in its own transaction. It needs no broker.
+//
+// It is not parallel: it and TestReliability may each restart PostgreSQL,
+// and run one after the other.
+func TestReliabilityPostgresTransport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault-injection suite: runs without -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	prof, err := reliability.ProfileFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runProfile(t, reliability.ForPostgresTransport(prof), reliability.Env{PostgresDSN: dsn})
+}
+
+// runProfile completes env (service binary, logs, PostgreSQL restart
+// command), runs prof and fails the test on any problem the run reports.
+func runProfile(t *testing.T, prof reliability.Profile, env reliability.Env) {
+	t.Helper()
+	env.Bin = serviceBinary(t)
 	logDir := os.Getenv("BAREWIRE_RELIABILITY_LOGDIR")
 	if logDir == "" {
 		logDir = t.TempDir()
 	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	env := reliability.Env{
-		PostgresDSN: dsn,
-		AMQPURL:     url,
-		Bin:         bin,
-		LogDir:      logDir,
-		Broker:      &reliability.Broker{URL: url, Ctl: reliability.DefaultRabbitmqctl()},
-		PGRestart:   reliability.DefaultPGRestart(),
-		Logf:        t.Logf,
-		Keep:        os.Getenv("BAREWIRE_RELIABILITY_KEEP") != "",
-	}
+	env.LogDir = logDir
+	env.PGRestart = reliability.DefaultPGRestart()
+	env.Logf = t.Logf
+	env.Keep = os.Getenv("BAREWIRE_RELIABILITY_KEEP") != ""
 	timeout := prof.LoadTimeout + prof.DrainTimeout + 3*time.Minute
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

@@ -50,16 +50,19 @@ func BuildService(ctx context.Context, dir string) (string, error) {
 	return out, nil
 }
 
-// Env is where a run happens.
+// Env is where a run happens. The transport is the profile's
+// (Profile.Transport): on the PostgreSQL transport AMQPURL and Broker are
+// not used and may be empty.
 type Env struct {
 	PostgresDSN string
-	AMQPURL     string
+	// AMQPURL is the broker's URL (RabbitMQ transport only).
+	AMQPURL string
 	// Bin is the service binary (BuildService).
 	Bin string
 	// LogDir receives one log file per process incarnation.
 	LogDir string
-	// Broker drives the broker; its Ctl may be empty (broker-close and the
-	// connection close of stop-cont are then skipped).
+	// Broker drives the broker (RabbitMQ transport only); its Ctl may be
+	// empty (broker-close then cuts the connections at the proxy instead).
 	Broker *Broker
 	// PGRestart is the command that restarts PostgreSQL; empty skips the
 	// pg-restart fault.
@@ -115,6 +118,9 @@ type run struct {
 	names workload.Names
 	db    *gorm.DB
 	res   *Result
+	// queues are the transport's queues: the broker's, or the PostgreSQL
+	// transport's tables.
+	queues queueOps
 
 	mu        sync.Mutex
 	consumers []*Proc
@@ -131,6 +137,19 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	if env.Logf == nil {
 		env.Logf = func(string, ...any) {}
 	}
+	switch prof.Transport {
+	case "":
+		prof.Transport = TransportRabbitMQ
+	case TransportRabbitMQ, TransportPostgres:
+	default:
+		return nil, fmt.Errorf("reliability: transport %q: use %q or %q", prof.Transport, TransportRabbitMQ, TransportPostgres)
+	}
+	if prof.Transport == TransportRabbitMQ && (env.AMQPURL == "" || env.Broker == nil) {
+		return nil, errors.New("reliability: the RabbitMQ transport needs Env.AMQPURL and Env.Broker")
+	}
+	if prof.Transport == TransportPostgres && prof.Lease <= 0 {
+		return nil, errors.New("reliability: the PostgreSQL transport needs Profile.Lease (see ForPostgresTransport)")
+	}
 	r := &run{env: env, prof: prof, names: NewNames()}
 	r.res = &Result{Profile: prof, Names: r.names, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]string{}}
 	start := time.Now()
@@ -140,6 +159,10 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	}
 	r.db = db
 	defer closeDB(db)
+	r.queues = env.Broker
+	if prof.Transport == TransportPostgres {
+		r.queues = &pgQueues{db: db, names: r.names}
+	}
 	// Create every table before any process starts, so that the processes
 	// find them and skip their own migration (see the service's migrate).
 	st, err := gormstore.New(db, gormstore.WithTablePrefix(r.names.Prefix))
@@ -152,12 +175,19 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	if err := workload.Migrate(ctx, db, r.names); err != nil {
 		return nil, err
 	}
-	env.Logf("run %s: tables %s*, %d messages, profile %s", r.names.Run, r.names.Prefix, prof.Messages, prof.Name)
+	if prof.Transport == TransportPostgres {
+		if err := workload.MigrateTransport(ctx, db, r.names); err != nil {
+			return nil, err
+		}
+	}
+	env.Logf("run %s: tables %s*, %d messages, profile %s, transport %s", r.names.Run, r.names.Prefix, prof.Messages, prof.Name, prof.Transport)
 
 	err = r.execute(ctx)
 	r.stopAll()
 	for _, px := range r.proxies {
-		px.Close()
+		if px != nil {
+			px.Close()
+		}
 	}
 	r.res.Elapsed = time.Since(start)
 	for _, p := range r.all() {
@@ -175,7 +205,7 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	if len(r.res.Failures()) == 0 && !env.Keep {
 		r.cleanup()
 	} else {
-		env.Logf("kept tables %s* and queues %s-* for inspection; logs in %s", r.names.Prefix, r.names.Run, env.LogDir)
+		env.Logf("kept tables %s* and queues %s-* (transport %s) for inspection; logs in %s", r.names.Prefix, r.names.Run, prof.Transport, env.LogDir)
 	}
 	return r.res, nil
 }
@@ -185,18 +215,31 @@ func closeDB(db *gorm.DB) { _ = gormstore.Close(db) }
 // baseArgs are the arguments every process gets.
 func (r *run) baseArgs(name string, roles ...string) []string {
 	p := r.prof
-	return []string{
+	args := []string{
 		"-run", r.names.Run, "-table-prefix", r.names.Prefix,
 		"-roles", strings.Join(roles, ","), "-instance", name,
+		"-transport", p.Transport,
 		"-inbox-lock-timeout", p.InboxLockTimeout.String(), "-relay-lease", p.RelayLease.String(),
 		"-handler-delay", p.HandlerDelay.String(), "-fail-first", fmt.Sprint(p.FailFirst),
 		"-concurrency", strconv.Itoa(p.Concurrency),
 	}
+	if p.Transport == TransportPostgres {
+		// Each handler holds a pooled connection for its transaction, and
+		// the transport needs one more for LISTEN and one per claim, ack
+		// or lease extension in flight: the default pool (12) equals the
+		// handler count (3 endpoints × 4).
+		args = append(args, "-pg-lease", p.Lease.String(), "-pool-size", strconv.Itoa(3*p.Concurrency+4))
+	}
+	return args
 }
 
 // credentials go through the environment, never the command line.
 func (r *run) credentials() []string {
-	return []string{"BAREWIRE_AMQP_URL=" + r.env.AMQPURL, "BAREWIRE_POSTGRES_DSN=" + r.env.PostgresDSN}
+	env := []string{"BAREWIRE_POSTGRES_DSN=" + r.env.PostgresDSN}
+	if r.prof.Transport == TransportRabbitMQ {
+		env = append(env, "BAREWIRE_AMQP_URL="+r.env.AMQPURL)
+	}
+	return env
 }
 
 func (r *run) start(name string, args []string, env ...string) (*Proc, error) {
@@ -224,25 +267,31 @@ func (r *run) execute(ctx context.Context) error {
 	p := r.prof
 	// Consumers first: they declare the queues and bindings, without
 	// which the first orders would be routed nowhere.
-	// Each consumer reaches the broker through a proxy of its own, which
-	// can cut its connections even while it is frozen (stop-cont).
-	target, err := brokerHostPort(r.env.AMQPURL)
-	if err != nil {
-		return err
-	}
+	// On RabbitMQ each consumer reaches the broker through a proxy of its
+	// own, which can cut its connections even while it is frozen
+	// (stop-cont). The PostgreSQL transport needs none (see stopCont).
 	for i := range p.Consumers {
 		name := fmt.Sprintf("consumer-%d", i+1)
-		px, err := NewProxy(target)
-		if err != nil {
-			return err
+		var extraEnv []string
+		var px *Proxy
+		if p.Transport == TransportRabbitMQ {
+			target, err := brokerHostPort(r.env.AMQPURL)
+			if err != nil {
+				return err
+			}
+			if px, err = NewProxy(target); err != nil {
+				return err
+			}
+			proxied, err := px.ProxiedURL(r.env.AMQPURL)
+			if err != nil {
+				px.Close()
+				return err
+			}
+			// Later entries win in os/exec: this replaces the direct URL.
+			extraEnv = append(extraEnv, "BAREWIRE_AMQP_URL="+proxied)
 		}
 		r.proxies = append(r.proxies, px)
-		proxied, err := px.ProxiedURL(r.env.AMQPURL)
-		if err != nil {
-			return err
-		}
-		// Later entries win in os/exec: this replaces the direct URL.
-		proc, err := r.start(name, r.baseArgs(name, "consumer"), "BAREWIRE_AMQP_URL="+proxied)
+		proc, err := r.start(name, r.baseArgs(name, "consumer"), extraEnv...)
 		if err != nil {
 			return err
 		}
@@ -356,7 +405,7 @@ func (r *run) drain(ctx context.Context) {
 			r.res.LastProgress = pr
 		}
 		if err == nil && pr.Complete() {
-			depths, err := r.env.Broker.QueueDepths(ctx, r.names.Queues())
+			depths, err := r.queues.QueueDepths(ctx, r.names.Queues())
 			empty := err == nil
 			for _, n := range depths {
 				empty = empty && n == 0
@@ -404,15 +453,16 @@ func (r *run) collect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rep.DirectDelivery = r.prof.Transport == TransportPostgres
 	r.res.Report = rep
 	var errQueues []string
 	for _, q := range r.names.Queues() {
 		errQueues = append(errQueues, q+"_error")
 	}
-	if r.res.DeadLetters, err = r.env.Broker.QueueDepths(ctx, errQueues); err != nil {
+	if r.res.DeadLetters, err = r.queues.QueueDepths(ctx, errQueues); err != nil {
 		return err
 	}
-	if r.res.Leftover, err = r.env.Broker.QueueDepths(ctx, r.names.Queues()); err != nil {
+	if r.res.Leftover, err = r.queues.QueueDepths(ctx, r.names.Queues()); err != nil {
 		return err
 	}
 	return nil
@@ -424,7 +474,7 @@ func (r *run) cleanup() {
 	if err := workload.Drop(ctx, r.db, r.names); err != nil {
 		r.env.Logf("cleanup: %v", err)
 	}
-	if err := r.env.Broker.DeleteTopology(r.names.Queues(), r.names.Exchanges()); err != nil {
+	if err := r.queues.DeleteTopology(r.names.Queues(), r.names.Exchanges()); err != nil {
 		r.env.Logf("cleanup: %v", err)
 	}
 }
@@ -539,6 +589,9 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 		return fmt.Sprintf("%s, %d handlers in flight at its last report, restarted", target.Name(), inFlight), nil
 
 	case FaultRelayKill:
+		if r.prof.Transport == TransportPostgres {
+			return "no relay traffic on the PostgreSQL transport: PublishTx and the consumers' publishes write their queue rows in their own transaction (the checker verifies the outbox stays empty), so no stand-alone relay runs and killing one would test nothing", errSkipped
+		}
 		if relay == nil {
 			return "no stand-alone relay in this profile", errSkipped
 		}
@@ -559,6 +612,9 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 		return "restarted", nil
 
 	case FaultBrokerClose:
+		if r.prof.Transport == TransportPostgres {
+			return "no broker on the PostgreSQL transport; db-close is its equivalent", errSkipped
+		}
 		if len(r.env.Broker.Ctl) == 0 {
 			// Without rabbitmqctl, cut the TCP connections instead.
 			return fmt.Sprintf("%s, %d connections cut at the proxy (no rabbitmqctl)", target.Name(), proxy.CloseConns()), nil
@@ -575,6 +631,19 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 			return "needs two consumer processes", errSkipped
 		}
 		return r.stopCont(ctx, target, proxy)
+
+	case FaultDBClose:
+		appName := workload.ApplicationName(r.names.Run, target.Name(), target.Pid())
+		n, err := terminateSessions(ctx, r.db, appName)
+		if err != nil {
+			return "", err
+		}
+		if n == 0 {
+			// Every consumer holds at least its pool's idle connections
+			// (and, on the PostgreSQL transport, its LISTEN session).
+			return "", fmt.Errorf("%s: no database session with application_name %q to terminate", target.Name(), appName)
+		}
+		return fmt.Sprintf("%s, %d database sessions terminated", target.Name(), n), nil
 
 	case FaultPGRestart:
 		if len(r.env.PGRestart) == 0 {
@@ -599,6 +668,14 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 // and try to commit with lock tokens that no longer hold; the inbox must
 // refuse (the checker then proves the effect happened once).
 //
+// On the PostgreSQL transport (proxy nil) nothing is cut: the frozen
+// process stops extending the leases of its claimed rows, so once Lease
+// has passed the other consumer claims them, and the freeze lasts past
+// both Lease and InboxLockTimeout. Cutting its database sessions instead
+// (pg_terminate_backend, or at a proxy) would be unsound here: the server
+// would roll back the frozen handlers' open transactions, so no late
+// commit would ever reach the inbox and its fencing would go untested.
+//
 // The freeze lasts until the inbox shows that another consumer took over
 // and committed at least one of the entries locked when the freeze began
 // (or until a deadline): resuming earlier would let the frozen handlers
@@ -606,8 +683,26 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 func (r *run) stopCont(ctx context.Context, target *Proc, proxy *Proxy) (string, error) {
 	inFlight := target.LastCounter("in_flight")
 	fencedBefore := target.Stats().Fenced
-	inc, err := target.Signal(syscall.SIGSTOP)
-	if err != nil {
+	var (
+		inc    *incarnation
+		caught = "" // how the moment of the freeze was chosen
+		err    error
+	)
+	if proxy == nil {
+		var mid bool
+		var tries int
+		if inc, mid, tries, err = r.freezeMidHandler(ctx, target); err != nil {
+			return "", err
+		}
+		if mid {
+			caught = fmt.Sprintf(", caught with a handler's transaction open (try %d)", tries)
+		} else {
+			caught = fmt.Sprintf(", no handler caught with its transaction open in %d tries", tries)
+			r.mu.Lock()
+			r.res.Notes = append(r.res.Notes, "stop-cont: "+target.Name()+" was frozen without a handler mid-transaction (the freeze tested a long pause and the lease, not fencing)")
+			r.mu.Unlock()
+		}
+	} else if inc, err = target.Signal(syscall.SIGSTOP); err != nil {
 		return "", err
 	}
 	resumed := false
@@ -631,11 +726,20 @@ func (r *run) stopCont(ctx context.Context, target *Proc, proxy *Proxy) (string,
 		` WHERE processed_at IS NULL AND lock_token IS NOT NULL`).Scan(&locked).Error; err != nil {
 		return "", err
 	}
-	cut := proxy.CloseConns()
+	how := "lease left to run out"
+	if proxy != nil {
+		how = fmt.Sprintf("%d connections cut", proxy.CloseConns())
+	}
 	start := time.Now()
-	sleepCtx(ctx, r.prof.InboxLockTimeout) // no takeover can happen sooner
+	// No takeover can happen sooner: the inbox lock must expire, and on
+	// the PostgreSQL transport the lease of the frozen process's claim.
+	minFreeze := r.prof.InboxLockTimeout
+	if proxy == nil {
+		minFreeze = max(minFreeze, r.prof.Lease)
+	}
+	sleepCtx(ctx, minFreeze)
 	takenOver := 0
-	deadline := start.Add(r.prof.InboxLockTimeout + 30*time.Second)
+	deadline := start.Add(minFreeze + 30*time.Second)
 	for takenOver == 0 && len(locked) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		for _, e := range locked {
 			var n int64
@@ -661,8 +765,70 @@ func (r *run) stopCont(ctx context.Context, target *Proc, proxy *Proxy) (string,
 		}
 	}
 	fenced := target.Stats().Fenced - fencedBefore
-	return fmt.Sprintf("%s frozen %s with %d handlers in flight at its last report, %d connections cut, %d of %d locked inbox entries taken over by others; %d late commits refused",
-		target.Name(), frozen.Round(time.Millisecond), inFlight, cut, takenOver, len(locked), fenced), nil
+	return fmt.Sprintf("%s frozen %s with %d handlers in flight at its last report%s, %s, %d of %d locked inbox entries taken over by others; %d late commits refused",
+		target.Name(), frozen.Round(time.Millisecond), inFlight, caught, how, takenOver, len(locked), fenced), nil
+}
+
+// freezeMidHandler SIGSTOPs target (PostgreSQL transport) at a moment when
+// one of its handlers has written in its transaction and not committed:
+// a session of the process (found by its application_name) is idle in a
+// transaction that wrote an effect, follow-up or queue row, which is the
+// handler's HandlerDelay, before the inbox mark. Frozen there, the handler
+// is certain to attempt a late commit when it resumes, which the inbox
+// must refuse. pg_stat_activity is the signal: it polls it, and when the
+// transaction turns out to have committed before the stop took effect
+// (the state, re-read while the process is stopped, is stable), it resumes
+// the process and tries again. After 20s without success it freezes
+// target as it is (mid reports false). The returned incarnation is
+// stopped.
+func (r *run) freezeMidHandler(ctx context.Context, target *Proc) (inc *incarnation, mid bool, tries int, err error) {
+	appName := workload.ApplicationName(r.names.Run, target.Name(), target.Pid())
+	const q = `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = ? AND state = 'idle in transaction'
+    AND backend_xid IS NOT NULL AND (position(? in query) > 0 OR position(? in query) > 0 OR position(? in query) > 0)`
+	args := []any{appName, r.names.Table(workload.TableEffects), r.names.Table(workload.TableFollowups), r.names.TransportTables()[0]}
+	midTx := func() (bool, error) {
+		var n int
+		err := r.db.WithContext(ctx).Raw(q, args...).Scan(&n).Error
+		return n > 0, err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		busy, err := midTx()
+		if err != nil {
+			return nil, false, tries, err
+		}
+		last := time.Now().After(deadline)
+		if !busy && !last {
+			if !sleepCtx(ctx, 2*time.Millisecond) {
+				return nil, false, tries, ctx.Err()
+			}
+			continue
+		}
+		tries++
+		inc, err := target.Signal(syscall.SIGSTOP)
+		if err != nil {
+			return nil, false, tries, err
+		}
+		if err := waitStopped(ctx, inc.cmd.Process.Pid); err != nil {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return nil, false, tries, err
+		}
+		if last {
+			return inc, false, tries, nil
+		}
+		busy, err = midTx()
+		if err != nil {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return nil, false, tries, err
+		}
+		if busy {
+			return inc, true, tries, nil
+		}
+		if err := inc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			return nil, false, tries, err
+		}
+	}
 }
 
 // waitStopped waits until the kernel reports process pid stopped: a

@@ -66,13 +66,20 @@ func (r *Result) Summary() string {
 	var b strings.Builder
 	p := r.Profile
 	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	line("== BareWire reliability, profile %s ==", p.Name)
+	transport := p.Transport
+	if transport == "" {
+		transport = TransportRabbitMQ
+	}
+	line("== BareWire reliability, profile %s, transport %s ==", p.Name, transport)
 	line("run %s (tables %s*): %d consumer + %d relay + 1 producer processes; %s in all (load %s, drain %s)",
 		r.Names.Run, r.Names.Prefix, p.Consumers, p.Relays, r.Elapsed.Round(time.Second), r.Load.Round(time.Second), r.Drain.Round(time.Second))
+	if transport == TransportPostgres {
+		line("transport: PostgreSQL tables %squeue_messages/queues/bindings, Lease %s; publishes in transactions go straight to the queues (no outbox row, no relay)", r.Names.Prefix, p.Lease)
+	}
 	line("settings: InboxLockTimeout %s, RelayLease %s, handler delay %s, concurrency %d/endpoint, first-attempt failure ratio %.2f, rollback %.2f, republish %.2f, kill-after-confirm %.2f/batch",
 		p.InboxLockTimeout, p.RelayLease, p.HandlerDelay, p.Concurrency, p.FailFirst, p.RollbackRatio, p.RepublishRatio, p.KillAfterConfirm)
 	var faults []string
-	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultBrokerClose, FaultStopCont, FaultPGRestart} {
+	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultBrokerClose, FaultDBClose, FaultStopCont, FaultPGRestart} {
 		if n := r.Faults[k]; n > 0 {
 			s := fmt.Sprintf("%s %d", k, n)
 			if k == FaultConsumerKill {
@@ -100,8 +107,12 @@ func (r *Result) Summary() string {
 		for _, e := range append(append([]EffectCheck{}, rep.Effects...), rep.Followups...) {
 			line("  %-40s %7d rows for %7d ids: missing %d, doubled %d, phantom %d", e.Name, e.Rows, e.Distinct, e.Missing, e.Doubled, e.Phantom)
 		}
-		line("  outbox: %d delivered, %d pending (%d leased), %d parked; %d order rows (committed + re-published = %d); %d rows of rolled-back ids; max failed attempts %d",
-			rep.OutboxDelivered, rep.OutboxPending, rep.OutboxLeased, rep.OutboxParked, rep.OutboxOrderRows, rep.Committed+rep.Republished, rep.OutboxRolledBack, rep.OutboxMaxAttempts)
+		if rep.DirectDelivery {
+			line("  outbox: %d rows (want 0: every publish wrote its queue row in its own transaction)", rep.OutboxRows)
+		} else {
+			line("  outbox: %d delivered, %d pending (%d leased), %d parked; %d order rows (committed + re-published = %d); %d rows of rolled-back ids; max failed attempts %d",
+				rep.OutboxDelivered, rep.OutboxPending, rep.OutboxLeased, rep.OutboxParked, rep.OutboxOrderRows, rep.Committed+rep.Republished, rep.OutboxRolledBack, rep.OutboxMaxAttempts)
+		}
 		line("  inbox: %d processed (want %d), %d unprocessed; %d re-attempts (retries, redeliveries, takeovers), max %d attempts",
 			rep.InboxProcessed, 4*rep.Committed, rep.InboxUnprocessed, rep.InboxReattempts, rep.InboxMaxAttempts)
 	}
@@ -114,7 +125,11 @@ func (r *Result) Summary() string {
 	for _, n := range r.Leftover {
 		left += n
 	}
-	line("  broker: %d dead letters in error queues, %d messages left in endpoint queues", dl, left)
+	where := "broker"
+	if transport == TransportPostgres {
+		where = "queue tables"
+	}
+	line("  %s: %d dead letters in error queues, %d messages left in endpoint queues", where, dl, left)
 	if f := r.Failures(); len(f) > 0 {
 		for _, s := range f {
 			line("  FAILURE: %s", s)
