@@ -2,6 +2,7 @@ package rabbit
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -278,6 +279,10 @@ func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, con
 		var aerr *amqp.Error
 		if errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused {
 			break // wrong credentials: retrying will not help
+		}
+		var cerr *tls.CertificateVerificationError
+		if errors.As(err, &cerr) {
+			break // the server's certificate is not trusted (roots, server name): a configuration error
 		}
 		// The last attempt starts a little before the deadline, so that it
 		// can fail with its own error rather than with the deadline's.
