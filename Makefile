@@ -47,15 +47,20 @@ check-docs:
 	$(GO) build ./samples/... ./cmd/... 2>/dev/null || $(GO) build ./samples/...
 	$(GO) run ./internal/tools/docsnippets
 
-## reliability: fault-injection suite on RabbitMQ + PostgreSQL (PROFILE=short, the CI one, or PROFILE=long);
-## needs BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL; prints the checker's summary last
+## reliability: fault-injection suite (PROFILE=short, the CI one, or PROFILE=long) on
+## TRANSPORT=rabbitmq (the default: RabbitMQ + PostgreSQL, TestReliability; needs
+## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL) or TRANSPORT=postgres (the
+## PostgreSQL transport alone, TestReliabilityPostgresTransport; needs
+## BAREWIRE_TEST_POSTGRES_DSN only); prints the checker's summary last
 .PHONY: reliability
 PROFILE ?= short
-RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(PROFILE).txt
+TRANSPORT ?= rabbitmq
+RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),TestReliabilityPostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),TestReliability,$(error TRANSPORT=$(TRANSPORT): use rabbitmq or postgres)))
+RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(TRANSPORT)-$(PROFILE).txt
 reliability:
 	@rm -f $(RELIABILITY_SUMMARY)
 	@BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) BAREWIRE_RELIABILITY_PG_RESTART=1 \
-		$(GO) test -race -count=1 -v -run 'TestReliability$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
+		$(GO) test -race -count=1 -v -run '$(RELIABILITY_TEST)$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
 		status=$$?; echo; \
 		if [ -f $(RELIABILITY_SUMMARY) ]; then cat $(RELIABILITY_SUMMARY); else echo "reliability: no summary was written (see the output above)"; fi; \
 		exit $$status
