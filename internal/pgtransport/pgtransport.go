@@ -222,15 +222,8 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 	}
 	err := t.inTx(ctx, func(tx *sql.Tx) error {
 		if !t.cfg.DisableAutoMigrate {
-			// CREATE ... IF NOT EXISTS races with a concurrent CREATE, so
-			// processes starting together take turns (per prefix).
-			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryKey("barewire:pgtransport:"+t.n.messages)); err != nil {
+			if err := t.migrate(ctx, tx); err != nil {
 				return err
-			}
-			for _, stmt := range migrationStatements(t.n) {
-				if _, err := tx.ExecContext(ctx, stmt); err != nil {
-					return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
-				}
 			}
 		}
 		if len(queues) > 0 {
@@ -269,6 +262,38 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 	}
 	t.log.DebugContext(ctx, "postgres transport started", "queues", len(queues), "bindings", len(bx), "table", t.n.messages)
 	return nil
+}
+
+// migrate creates the tables and indexes that do not exist yet. When they
+// all exist (every start but the first) it runs no DDL at all: even CREATE
+// INDEX IF NOT EXISTS takes a SHARE lock on the table before it finds the
+// index, which would queue behind any open transaction that wrote a message
+// and hold up every insert behind itself, on a live system, at each
+// restart of any process.
+func (t *Transport) migrate(ctx context.Context, tx *sql.Tx) error {
+	ok, err := t.schemaExists(ctx, tx)
+	if err != nil || ok {
+		return err
+	}
+	// CREATE ... IF NOT EXISTS races with a concurrent CREATE, so
+	// processes starting together take turns (per prefix).
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryKey("barewire:pgtransport:"+t.n.messages)); err != nil {
+		return err
+	}
+	for _, stmt := range migrationStatements(t.n) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
+		}
+	}
+	return nil
+}
+
+// schemaExists reports whether every table and index of the schema exists
+// (in the search path, as the unqualified names the transport uses).
+func (t *Transport) schemaExists(ctx context.Context, tx *sql.Tx) (bool, error) {
+	var ok bool
+	err := tx.QueryRowContext(ctx, `SELECT bool_and(to_regclass(n) IS NOT NULL) FROM unnest($1::text[]) AS n`, t.n.objects()).Scan(&ok)
+	return ok, err
 }
 
 // Deliver writes msgs to their queues: an "exchange:<X>" message gets one

@@ -690,3 +690,35 @@ func TestPostgresNotifyWakesConsumersInOtherProcesses(t *testing.T) {
 	}
 	within(a, "in-tx")
 }
+
+// TestPostgresRestartRunsNoDDLOnALiveSchema: a process starting while
+// another holds an open transaction that wrote a message (a producer's
+// DeliverTx, say) must not wait for it. Even CREATE INDEX IF NOT EXISTS
+// takes a SHARE lock on the table, which would queue behind that
+// transaction and hold every later insert behind itself.
+func TestPostgresRestartRunsNoDDLOnALiveSchema(t *testing.T) {
+	e := newEnv(t)
+	eps := endpoints(t, map[string][]string{"live": {"Live"}})
+	e.start(t, pgtransport.Config{}, nil, eps...)
+
+	tx := e.db.Begin()
+	if tx.Error != nil {
+		t.Fatal(tx.Error)
+	}
+	defer tx.Rollback()
+	if err := tx.Exec(`INSERT INTO `+e.prefix+`queue_messages (queue, payload) VALUES ('live', '\x00')`).Error; err != nil {
+		t.Fatal(err)
+	}
+
+	tr, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	begin := time.Now()
+	if err := tr.Start(ctx, eps); err != nil {
+		t.Fatalf("second Start while a writer's transaction is open: %v (after %v)", err, time.Since(begin))
+	}
+}

@@ -60,6 +60,11 @@ func namesFor(prefix string) names {
 	}
 }
 
+// objects lists every table and index the schema creates.
+func (n names) objects() []string {
+	return []string{n.messages, n.messages + "_queue_idx", n.queues, n.bindings, n.bindings + "_queue_idx"}
+}
+
 func (n names) expand(tmpl string) string {
 	return strings.NewReplacer("{messages}", n.messages, "{queues}", n.queues, "{bindings}", n.bindings).Replace(tmpl)
 }
