@@ -120,7 +120,7 @@ func main() {
 		msgs := in.list()
 		sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(msgs), "received": msgs})
 	})
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, b.Stats()) })
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen); err != nil {
 		log.Fatal(err)
 	}

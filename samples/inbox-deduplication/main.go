@@ -94,10 +94,10 @@ func main() {
 	mux.HandleFunc("POST /payments", a.newPayment)
 	mux.HandleFunc("POST /payments/duplicate", a.duplicate)
 	mux.HandleFunc("POST /payments/redeliver", a.redeliver)
-	mux.HandleFunc("GET /notifications", a.notifications)
-	mux.HandleFunc("GET /audit", a.audit)
+	mux.HandleFunc("GET /notifications", sample.Rows[Notification](b, "notifications", "sent_at", 0, nil))
+	mux.HandleFunc("GET /audit", sample.Rows[AuditEntry](b, "entries", "at", 0, nil))
 	mux.HandleFunc("GET /inbox", a.inbox)
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, 200, b.Stats()) })
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen, func(ctx context.Context) error { return migrate(b) }); err != nil {
 		log.Fatal(err)
 	}
@@ -180,24 +180,6 @@ func (a *app) redeliver(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sample.WriteJSON(w, http.StatusAccepted, published{MessageID: id, PaymentID: p.PaymentID, Amount: p.Amount, Action: "redelivered to email-notifications and audit-log"})
-}
-
-func (a *app) notifications(w http.ResponseWriter, r *http.Request) {
-	var ns []Notification
-	if err := a.b.DB().WithContext(r.Context()).Order("sent_at").Find(&ns).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(ns), "notifications": ns})
-}
-
-func (a *app) audit(w http.ResponseWriter, r *http.Request) {
-	var es []AuditEntry
-	if err := a.b.DB().WithContext(r.Context()).Order("at").Find(&es).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(es), "entries": es})
 }
 
 type inboxEntry struct {

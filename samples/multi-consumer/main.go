@@ -154,8 +154,8 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /events", a.postEvent)
-	mux.HandleFunc("GET /handled", a.handled)
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, b.Stats()) })
+	mux.HandleFunc("GET /handled", sample.Rows[Handled](b, "handled", "id DESC", 100, map[string]string{"orderId": "order_id"}))
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
@@ -245,19 +245,6 @@ func consumersOf(ev event) []string {
 		return []string{"order-shipped"}
 	}
 	return []string{"catch-all"}
-}
-
-func (a *app) handled(w http.ResponseWriter, r *http.Request) {
-	db := a.b.DB().WithContext(r.Context())
-	if v := r.URL.Query().Get("orderId"); v != "" {
-		db = db.Where("order_id = ?", v)
-	}
-	var hs []Handled
-	if err := db.Order("id DESC").Limit(100).Find(&hs).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(hs), "handled": hs})
 }
 
 // demo sends every kind of event and checks who handled what.

@@ -223,8 +223,8 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /raw", a.postRaw)
-	mux.HandleFunc("GET /received", a.received)
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, b.Stats()) })
+	mux.HandleFunc("GET /received", sample.Rows[RawReceived](b, "received", "id DESC", 100, map[string]string{"messageId": "message_id"}))
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
 		_ = p.Close()
 		log.Fatal(err)
@@ -293,19 +293,6 @@ func (a *app) postRaw(w http.ResponseWriter, r *http.Request) {
 		"messageId": m.MessageID, "type": m.Type, "contentType": m.ContentType, "correlationId": m.CorrelationID,
 		"headers": m.Headers, "body": string(m.Body), "producer": a.p.Describe(),
 	})
-}
-
-func (a *app) received(w http.ResponseWriter, r *http.Request) {
-	db := a.b.DB().WithContext(r.Context())
-	if v := r.URL.Query().Get("messageId"); v != "" {
-		db = db.Where("message_id = ?", v)
-	}
-	var rs []RawReceived
-	if err := db.Order("id DESC").Limit(100).Find(&rs).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(rs), "received": rs})
 }
 
 // demo publishes a JSON message with custom headers, the same message again,

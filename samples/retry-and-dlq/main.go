@@ -212,10 +212,10 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", a.postOrder)
-	mux.HandleFunc("GET /processed", a.processed)
+	mux.HandleFunc("GET /processed", sample.Rows[ProcessedOrder](b, "processed", "processed_at DESC", 100, nil))
 	mux.HandleFunc("GET /dead-letters", a.deadLetters)
 	mux.HandleFunc("GET /attempts", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, p.log()) })
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, b.Stats()) })
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
@@ -285,15 +285,6 @@ func (a *app) postOrder(w http.ResponseWriter, r *http.Request) {
 		resp["succeedOnAttempt"] = succeedOn
 	}
 	sample.WriteJSON(w, http.StatusAccepted, resp)
-}
-
-func (a *app) processed(w http.ResponseWriter, r *http.Request) {
-	var ps []ProcessedOrder
-	if err := a.b.DB().WithContext(r.Context()).Order("processed_at DESC").Limit(100).Find(&ps).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(ps), "processed": ps})
 }
 
 // deadLetterView adds the first lines of the stack to a dead letter.

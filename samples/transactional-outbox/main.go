@@ -109,11 +109,11 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /transfers", a.postTransfer)
-	mux.HandleFunc("GET /transfers", a.listTransfers)
-	mux.HandleFunc("GET /received", a.received)
+	mux.HandleFunc("GET /transfers", sample.Rows[Transfer](b, "transfers", "created_at DESC", 100, nil))
+	mux.HandleFunc("GET /received", sample.Rows[ReceivedTransfer](b, "received", "received_at DESC", 100, nil))
 	mux.HandleFunc("GET /outbox/pending", a.outboxPending)
 	mux.HandleFunc("POST /outbox/requeue", a.outboxRequeue)
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, b.Stats()) })
+	mux.HandleFunc("GET /stats", sample.Stats(b))
 	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
@@ -218,24 +218,6 @@ func (a *app) postTransfer(w http.ResponseWriter, r *http.Request) {
 	default:
 		sample.WriteJSON(w, http.StatusCreated, map[string]any{"transfer": t, "messageId": msgID, "committed": true})
 	}
-}
-
-func (a *app) listTransfers(w http.ResponseWriter, r *http.Request) {
-	var ts []Transfer
-	if err := a.b.DB().WithContext(r.Context()).Order("created_at DESC").Limit(100).Find(&ts).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(ts), "transfers": ts})
-}
-
-func (a *app) received(w http.ResponseWriter, r *http.Request) {
-	var rs []ReceivedTransfer
-	if err := a.b.DB().WithContext(r.Context()).Order("received_at DESC").Limit(100).Find(&rs).Error; err != nil {
-		sample.WriteError(w, http.StatusInternalServerError, err)
-		return
-	}
-	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(rs), "received": rs})
 }
 
 // outboxRow is an outbox row as the HTTP API shows it.
