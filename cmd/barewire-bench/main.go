@@ -11,9 +11,10 @@
 //	barewire-bench -scenario all -duration 15s -plot latency.png
 //	barewire-bench -scenario e2e -rate 400 -json
 //
-// Scenarios: baseline, e2e, watermill-forwarder, idle-latency, embedded,
-// inbox-overhead, backlog, sweep, soak, all (a comma-separated list works
-// too). Services come from -postgres and -amqp, defaulting to
+// Scenarios: baseline, e2e, pg-transport (the e2e pipeline on the
+// PostgreSQL transport: no broker, no relay hop), watermill-forwarder,
+// idle-latency, embedded, inbox-overhead, backlog, sweep, soak, all (a
+// comma-separated list works too). Services come from -postgres and -amqp, defaulting to
 // BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL, then to local
 // defaults. Every table, queue and exchange a run creates has a unique name
 // and is removed at the end (unless -keep).
@@ -61,7 +62,7 @@ type config struct {
 	relayWorkers int
 }
 
-var allScenarios = []string{"baseline", "e2e", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
+var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
 
 var knownScenarios = append(slices.Clone(allScenarios), "soak", "all")
 
@@ -95,7 +96,7 @@ func parseFlags() (*config, error) {
 	flag.StringVar(&c.dsn, "postgres", envOr("BAREWIRE_TEST_POSTGRES_DSN", "host=127.0.0.1 user=postgres dbname=test sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&c.url, "amqp", envOr("BAREWIRE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.BoolVar(&c.keep, "keep", false, "keep the tables, queues and exchanges the run created")
-	flag.IntVar(&c.rounds, "rounds", 1, "e2e: alternate baseline and e2e runs this many times and report medians (steadier ratios on a noisy machine)")
+	flag.IntVar(&c.rounds, "rounds", 1, "e2e: alternate baseline and e2e runs (and pg-transport runs, when selected) this many times and report medians (steadier ratios on a noisy machine)")
 	flag.StringVar(&inboxMode, "inbox", "two-phase", "inbox mode of the BareWire endpoint in e2e, fixed-rate, sweep, idle-latency and soak: two-phase (the default), single or off")
 	flag.IntVar(&c.relayWorkers, "relay-workers", 0, "outbox.Options.RelayWorkers for the BareWire pipelines (0: the default)")
 	flag.DurationVar(&c.drain, "drain", 60*time.Second, "after each phase, wait this long at most for the pipeline to drain")

@@ -34,7 +34,11 @@ type barewirePipe struct {
 	plainTx bool
 	// noConsumer leaves the queue without an endpoint (relay-only runs).
 	noConsumer bool
-	lg         logger.Interface
+	// pgTransport runs the bus on the PostgreSQL transport in the same
+	// database instead of RabbitMQ: PublishTx writes the message to the
+	// queue table in the producer's transaction (no outbox row, no relay).
+	pgTransport bool
+	lg          logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -52,7 +56,20 @@ func newBareWire(cfg *config, e *env, tr *tracker, label string) *barewirePipe {
 	return p
 }
 
-func (p *barewirePipe) Name() string { return "barewire" }
+// newPGTransport is the same pipeline on the PostgreSQL transport: the
+// queue is a table next to the business tables, the inbox and the outbox.
+func newPGTransport(cfg *config, e *env, tr *tracker, label string) *barewirePipe {
+	p := newBareWire(cfg, e, tr, label)
+	p.pgTransport = true
+	return p
+}
+
+func (p *barewirePipe) Name() string {
+	if p.pgTransport {
+		return "barewire-pg-transport"
+	}
+	return "barewire"
+}
 
 func benchLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -65,8 +82,12 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 		return nil
 	}
 	p.env.addTables(p.prefix+"inbox", p.prefix+"outbox", p.orders, p.effects)
-	p.env.addQueues(p.queue, p.queue+"_error")
-	p.env.addExchanges(p.typ)
+	if p.pgTransport {
+		p.env.addTables(p.prefix+"queue_messages", p.prefix+"queues", p.prefix+"bindings")
+	} else {
+		p.env.addQueues(p.queue, p.queue+"_error")
+		p.env.addExchanges(p.typ)
+	}
 	db, err := openHookedPostgres(p.env.dsn, p.cfg.producers+p.cfg.consumers+8, p.lg)
 	if err != nil {
 		return err
@@ -82,9 +103,22 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 
 func (p *barewirePipe) options() []bus.Option {
 	consumers := p.cfg.consumers
+	declare := func(c *endpoint.Endpoints) {
+		if p.noConsumer {
+			return
+		}
+		c.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
+			e.ConcurrentMessageLimit = consumers
+			e.PrefetchCount = 2 * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
+			e.Inbox = p.inbox
+			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
+		})
+	}
 	opts := []bus.Option{
 		bus.WithLogger(benchLogger()),
 		bus.WithInstanceID("barewire-bench-" + p.tag),
+		// The same *gorm.DB for the outbox and (on the PostgreSQL
+		// transport) the transport: PublishTx then writes to the queue.
 		bus.WithOutbox(p.db, func(o *outbox.Options) {
 			o.TablePrefix = p.prefix
 			if p.cfg.relayWorkers > 0 {
@@ -94,19 +128,14 @@ func (p *barewirePipe) options() []bus.Option {
 				p.outboxOpts(o)
 			}
 		}),
-		bus.WithRabbitMQ(p.env.url, func(r *endpoint.RabbitMQ) {
-			if p.noConsumer {
-				return
-			}
-			r.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
-				e.ConcurrentMessageLimit = consumers
-				e.PrefetchCount = 2 * consumers
-				e.Inbox = p.inbox
-				endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
-			})
-		}),
 	}
-	return opts
+	if p.pgTransport {
+		return append(opts, bus.WithPostgresTransport(p.db, func(t *bus.PostgresTransport) {
+			t.TablePrefix = p.prefix
+			declare(&t.Endpoints)
+		}))
+	}
+	return append(opts, bus.WithRabbitMQ(p.env.url, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }))
 }
 
 func (p *barewirePipe) Start(ctx context.Context) error {
@@ -181,8 +210,23 @@ func (p *barewirePipe) Close(ctx context.Context) error {
 	return joinErrs(errs...)
 }
 
-// Diag reports where messages wait (outbox or broker queue).
+// Diag reports where messages wait (outbox or broker queue; on the
+// PostgreSQL transport, the queue table).
 func (p *barewirePipe) Diag(ctx context.Context) map[string]any {
+	if p.pgTransport {
+		d := map[string]any{}
+		for k, q := range map[string]string{
+			"outbox_pending_at_window_end":    "SELECT count(*) FROM " + p.prefix + "outbox WHERE status = 'pending'",
+			"queue_rows_at_window_end":        "SELECT count(*) FROM " + p.prefix + "queue_messages WHERE queue = '" + p.queue + "'",
+			"outbox_rows_written_by_producer": "SELECT count(*) FROM " + p.prefix + "outbox",
+		} {
+			var n int64
+			if err := p.db.WithContext(ctx).Raw(q).Scan(&n).Error; err == nil {
+				d[k] = n
+			}
+		}
+		return d
+	}
 	return waiting(ctx, p, p.prefix+"outbox", p.env.url, p.queue, func(ctx context.Context, q string) (int64, error) {
 		var n int64
 		err := p.db.WithContext(ctx).Raw(q).Scan(&n).Error

@@ -24,6 +24,9 @@ type runner struct {
 	sweep   []sweepPoint
 
 	basePeak, e2ePeak float64 // closed-loop peaks measured in this run
+	// pgPeak is the PostgreSQL transport's closed-loop peak when e2e's
+	// interleaved rounds measured it (pg-transport reports it).
+	pgPeak *Result
 }
 
 // sweepPoint is one (pipeline, offered rate) measurement for the plot.
@@ -91,6 +94,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.inboxOverhead(ctx)
 	case "backlog":
 		return r.backlogScenario(ctx)
+	case "pg-transport":
+		return r.pgTransport(ctx)
 	case "soak":
 		return r.soakRun(ctx)
 	}
@@ -184,11 +189,15 @@ func (r *runner) e2e(ctx context.Context) error {
 	return nil
 }
 
-// e2eRounds alternates baseline and e2e runs and reports medians: on a
-// machine shared with other work, interleaving spreads the noise evenly.
+// e2eRounds alternates baseline and e2e runs (and pg-transport runs, when
+// that scenario is selected too) and reports medians: on a machine shared
+// with other work, interleaving spreads the noise evenly.
 func (r *runner) e2eRounds(ctx context.Context) error {
 	var bs, es, ratios []float64
 	var lastB, lastE Result
+	withPG := slices.Contains(r.cfg.scenarios, "pg-transport")
+	var ps, pgRatios, pgE2ERatios []float64
+	var lastP Result
 	for i := range r.cfg.rounds {
 		logf("   round %d of %d", i+1, r.cfg.rounds)
 		ph := r.defaultPhase()
@@ -201,6 +210,16 @@ func (r *runner) e2eRounds(ctx context.Context) error {
 		e, err := r.measure(ctx, "e2e", "peak", newBareWire(r.cfg, r.env, tr, fmt.Sprintf("e2e%d", i)), tr, ph)
 		if err != nil {
 			return err
+		}
+		if withPG {
+			tr = newTracker()
+			pg, err := r.measure(ctx, "pg-transport", "peak", newPGTransport(r.cfg, r.env, tr, fmt.Sprintf("pgt%d", i)), tr, ph)
+			if err != nil {
+				return err
+			}
+			logf("   round %d: pg-transport %.0f msg/s, ratio %.2f to baseline, %.2f to e2e", i+1, pg.MsgsPerS, pg.MsgsPerS/b.MsgsPerS, pg.MsgsPerS/e.MsgsPerS)
+			ps, pgRatios, pgE2ERatios = append(ps, pg.MsgsPerS), append(pgRatios, pg.MsgsPerS/b.MsgsPerS), append(pgE2ERatios, pg.MsgsPerS/e.MsgsPerS)
+			lastP = pg
 		}
 		if err := r.env.cleanup(ctx); err != nil {
 			logf("   cleanup: %v", err)
@@ -228,6 +247,21 @@ func (r *runner) e2eRounds(ctx context.Context) error {
 	lastE.Extra["rounds_ratio"] = ratios
 	lastE.Notes = append(lastE.Notes, fmt.Sprintf("median of %d rounds; latency and RSS from the last round", r.cfg.rounds))
 	r.add(lastE)
+	if withPG {
+		lastP.MsgsPerS = med(ps)
+		lastP.BaselineMsgsPerS = lastB.MsgsPerS
+		lastP.Ratio = med(pgRatios)
+		lastP.RatioOf = fmt.Sprintf("baseline; median of %d interleaved per-round ratios", r.cfg.rounds)
+		if lastP.Extra == nil {
+			lastP.Extra = map[string]any{}
+		}
+		lastP.Extra["rounds_msgs_per_s"] = ps
+		lastP.Extra["rounds_ratio"] = pgRatios
+		lastP.Extra["rounds_ratio_to_e2e"] = pgE2ERatios
+		lastP.Extra["ratio_to_e2e"] = med(pgE2ERatios)
+		lastP.Notes = append(lastP.Notes, fmt.Sprintf("median of %d rounds interleaved with baseline and e2e; latency and RSS from the last round", r.cfg.rounds))
+		r.pgPeak = &lastP // reported by the pg-transport scenario
+	}
 	return nil
 }
 
@@ -417,61 +451,125 @@ func (r *runner) idleLatency(ctx context.Context) error {
 		p := newBareWire(r.cfg, r.env, tr, label)
 		p.plainTx = plain
 		p.outboxOpts = func(o *outbox.Options) { o.PollingInterval = time.Second }
-		if err := p.Start(ctx); err != nil {
-			_ = p.Close(ctx)
+		res, err := r.idleRun(ctx, p, tr, "idle-latency", variant)
+		if err != nil {
 			return err
 		}
-		ch := make(chan string, 16)
-		tr.notify.Store(&ch)
-		// At one message per ~0.4 s, take at least 30 s for enough samples.
-		start := time.Now().Add(r.cfg.warmup)
-		end := start.Add(max(r.cfg.duration, 30*time.Second))
-		tr.setWindow(start, end)
-		timeouts := 0
-		for time.Now().Before(end) && ctx.Err() == nil {
-			// 300–500 ms of silence: the relay's re-checks after its last
-			// empty pass (2, 10, 40, 150 ms) are over; it waits on its poll.
-			time.Sleep(300*time.Millisecond + rand.N(200*time.Millisecond))
-			id := r.ids.next()
-			if err := p.Produce(ctx, id, benchMsg{ID: id, Amount: 1, TS: time.Now().UnixNano(), Pad: r.pad}); err != nil {
-				_ = p.Close(ctx)
-				return err
-			}
-			deadline := time.After(5 * time.Second)
-		wait:
-			for {
-				select {
-				case got := <-ch:
-					if got == id {
-						break wait
-					}
-				case <-deadline:
-					timeouts++
-					break wait
-				case <-ctx.Done():
-					break wait
-				}
-			}
-		}
-		lat := tr.samples()
-		ps := percentiles(lat, 50, 95, 99, 100)
-		res := Result{Scenario: "idle-latency", Variant: variant, P50: ps[0], P95: ps[1], P99: ps[2], Max: ps[3], Samples: len(lat),
-			Produced: tr.produced.Load(), Consumed: tr.consumed.Load(), DurationS: end.Sub(start).Seconds(), Producers: 1, Consumers: r.cfg.consumers, Payload: r.cfg.payload}
-		res.RSSStartMB, res.RSSMidMB, res.RSSEndMB, res.PeakRSSMB = r.rss.window(start, end)
-		res.Notes = append(res.Notes, "PollingInterval 1s; one message at a time after 300–500 ms of silence")
-		if st := tr.stageSamples(); len(st) > 0 {
-			ps := percentiles(st, 50, 99)
-			res.Extra = map[string]any{"commit_to_handler_start_p50_ms": ps[0], "commit_to_handler_start_p99_ms": ps[1]}
-		}
-		if timeouts > 0 {
-			res.Notes = append(res.Notes, fmt.Sprintf("%d messages not consumed within 5s", timeouts))
-		}
-		verifyInto(ctx, p, &res, res.Produced)
-		if err := p.Close(ctx); err != nil {
-			res.Notes = append(res.Notes, "close: "+err.Error())
-		}
+		res.Notes = append([]string{"PollingInterval 1s; one message at a time after 300–500 ms of silence"}, res.Notes...)
 		r.add(res)
 	}
+	return nil
+}
+
+// idleRun starts p, sends one message at a time after 300–500 ms of
+// silence for at least 30 s, measures producer commit to consumer commit,
+// checks the effects and closes p.
+func (r *runner) idleRun(ctx context.Context, p *barewirePipe, tr *tracker, scenario, variant string) (Result, error) {
+	if err := p.Start(ctx); err != nil {
+		_ = p.Close(ctx)
+		return Result{}, err
+	}
+	ch := make(chan string, 16)
+	tr.notify.Store(&ch)
+	// At one message per ~0.4 s, take at least 30 s for enough samples.
+	start := time.Now().Add(r.cfg.warmup)
+	end := start.Add(max(r.cfg.duration, 30*time.Second))
+	tr.setWindow(start, end)
+	timeouts := 0
+	for time.Now().Before(end) && ctx.Err() == nil {
+		// 300–500 ms of silence: the relay's re-checks after its last
+		// empty pass (2, 10, 40, 150 ms) are over; it waits on its poll.
+		time.Sleep(300*time.Millisecond + rand.N(200*time.Millisecond))
+		id := r.ids.next()
+		if err := p.Produce(ctx, id, benchMsg{ID: id, Amount: 1, TS: time.Now().UnixNano(), Pad: r.pad}); err != nil {
+			_ = p.Close(ctx)
+			return Result{}, err
+		}
+		deadline := time.After(5 * time.Second)
+	wait:
+		for {
+			select {
+			case got := <-ch:
+				if got == id {
+					break wait
+				}
+			case <-deadline:
+				timeouts++
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+	}
+	lat := tr.samples()
+	ps := percentiles(lat, 50, 95, 99, 100)
+	res := Result{Scenario: scenario, Variant: variant, P50: ps[0], P95: ps[1], P99: ps[2], Max: ps[3], Samples: len(lat),
+		Produced: tr.produced.Load(), Consumed: tr.consumed.Load(), DurationS: end.Sub(start).Seconds(), Producers: 1, Consumers: r.cfg.consumers, Payload: r.cfg.payload}
+	res.RSSStartMB, res.RSSMidMB, res.RSSEndMB, res.PeakRSSMB = r.rss.window(start, end)
+	if st := tr.stageSamples(); len(st) > 0 {
+		ps := percentiles(st, 50, 99)
+		res.Extra = map[string]any{"commit_to_handler_start_p50_ms": ps[0], "commit_to_handler_start_p99_ms": ps[1]}
+	}
+	if timeouts > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d messages not consumed within 5s", timeouts))
+	}
+	verifyInto(ctx, p, &res, res.Produced)
+	if err := p.Close(ctx); err != nil {
+		res.Notes = append(res.Notes, "close: "+err.Error())
+	}
+	return res, nil
+}
+
+// pgTransport measures the e2e pipeline on the PostgreSQL transport: the
+// same producer transaction (business row + PublishTx) and the same
+// endpoint with the inbox, but the message is written to the queue table in
+// the producer's transaction (no RabbitMQ, no outbox row, no relay). It
+// reports the closed-loop peak with its ratio to this run's baseline and
+// to this run's RabbitMQ e2e, then the idle latency.
+func (r *runner) pgTransport(ctx context.Context) error {
+	peak := r.pgPeak
+	if peak == nil {
+		if err := r.ensureBaseline(ctx); err != nil {
+			return err
+		}
+		ph := r.defaultPhase()
+		tr := newTracker()
+		res, err := r.measure(ctx, "pg-transport", variantFor(ph.rate), newPGTransport(r.cfg, r.env, tr, "pgt"), tr, ph)
+		if err != nil {
+			return err
+		}
+		if ph.rate > 0 {
+			res.setRatio(ph.rate, "offered rate")
+		} else {
+			res.setRatio(r.basePeak, "baseline peak")
+		}
+		peak = &res
+	}
+	if r.e2ePeak > 0 && peak.OfferedRate == 0 {
+		ratio := peak.MsgsPerS / r.e2ePeak
+		if v, ok := peak.Extra["ratio_to_e2e"].(float64); ok {
+			ratio = v // median of the interleaved per-round ratios
+		}
+		if peak.Extra == nil {
+			peak.Extra = map[string]any{}
+		}
+		peak.Extra["e2e_msgs_per_s"] = r.e2ePeak
+		peak.Extra["ratio_to_e2e"] = ratio
+		peak.Notes = append(peak.Notes, fmt.Sprintf("ratio to this run's RabbitMQ e2e (%.0f msg/s): %.2f", r.e2ePeak, ratio))
+	} else if peak.OfferedRate == 0 {
+		peak.Notes = append(peak.Notes, "no e2e peak in this run: add e2e to -scenario for the ratio to RabbitMQ")
+	}
+	peak.Notes = append(peak.Notes, "PostgreSQL transport in the same database: PublishTx writes to the queue table in the producer's transaction")
+	r.add(*peak)
+
+	tr := newTracker()
+	p := newPGTransport(r.cfg, r.env, tr, "pgti")
+	res, err := r.idleRun(ctx, p, tr, "pg-transport", "idle (NOTIFY wake)")
+	if err != nil {
+		return err
+	}
+	res.Notes = append([]string{"PollInterval 1s (the default); one message at a time after 300–500 ms of silence"}, res.Notes...)
+	r.add(res)
 	return nil
 }
 
