@@ -347,6 +347,11 @@ func (b *Bus) Stop(ctx context.Context) error {
 	case <-b.routerDone:
 	case <-ctx.Done():
 	}
+	// The commit watcher (PostgreSQL) stops here; commits after Stop are
+	// found by the other instances' polls.
+	if err := b.store.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("bus: close store: %w", err))
+	}
 	errs = append(errs, b.closeResources())
 	b.log.Info("bus stopped", "instance_id", b.cfg.instanceID)
 	return errors.Join(errs...)

@@ -30,9 +30,12 @@
 // # Dialects
 //
 // On PostgreSQL the relay claims rows with FOR UPDATE SKIP LOCKED, so many
-// instances can relay concurrently without waiting for each other, and Add
-// sends one NOTIFY per transaction that Outbox.Listen turns into wake-ups for
-// relays in other processes. SQLite runs one writer at a time; leases keep
+// instances can relay concurrently without waiting for each other. Add
+// returns the transaction's id to a commit watcher, which sends a NOTIFY
+// after the commit (outside the caller's transaction, coalesced) that
+// Outbox.Listen turns into wake-ups for relays in other processes; this
+// needs PostgreSQL 13 or later (pg_current_xact_id, pg_xact_status). Close
+// the Store to stop the watcher. SQLite runs one writer at a time; leases keep
 // claims exclusive, and Listen only waits for its context to end (relays fall
 // back to polling).
 //

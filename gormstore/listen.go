@@ -11,15 +11,19 @@ import (
 
 // Listen implements outbox.Notifier. On PostgreSQL it holds one connection
 // from the pool, LISTENs on the "<prefix>outbox" channel and calls wake for
-// every notification, that is once per committed transaction that added
-// outbox rows (from any process). It returns nil when ctx is done, and an
-// error when the connection fails; the caller decides whether to listen
-// again (relays also poll, so a gap only delays delivery). The connection is
-// discarded, not returned to the pool, so no LISTEN outlives the call.
+// every notification: after the commit of any transaction that added outbox
+// rows, from any process (each process's commit watcher sends one
+// notification for all the commits it saw in one check, see Add). Commits of
+// this Outbox's own transactions call wake directly, without the round trip
+// through PostgreSQL, for as long as Listen runs. Listen returns nil when ctx
+// is done, and an error when the connection fails; the caller decides
+// whether to listen again (relays also poll, so a gap only delays delivery).
+// The connection is discarded, not returned to the pool, so no LISTEN
+// outlives the call.
 //
-// wake runs on the listening goroutine and should not block: a
-// non-blocking send on a buffered channel of one is the usual shape, since
-// one wake-up covers any number of commits.
+// wake runs on the listening or the watching goroutine and should not
+// block: a non-blocking send on a buffered channel of one is the usual
+// shape, since one wake-up covers any number of commits.
 //
 // On SQLite there is nothing to listen to (one process owns the database
 // and wakes its relay in process): Listen waits for ctx and returns nil.
@@ -30,6 +34,7 @@ func (o *Outbox) Listen(ctx context.Context, wake func()) error {
 		<-ctx.Done()
 		return nil
 	}
+	defer o.watch.addWaker(wake)()
 	sqlDB, err := o.s.db.DB()
 	if err != nil {
 		return fmt.Errorf("gormstore: listen: %w", err)
@@ -69,11 +74,15 @@ func (o *Outbox) listen(ctx context.Context, dc any, wake func()) error {
 		return fmt.Errorf("gormstore: listen: %w", err)
 	}
 	for {
-		if _, err := pc.WaitForNotification(ctx); err != nil {
+		n, err := pc.WaitForNotification(ctx)
+		if err != nil {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("gormstore: listen: %w", err)
+		}
+		if n.Payload == o.watch.token {
+			continue // our own watcher's: it already called wake
 		}
 		wake()
 	}

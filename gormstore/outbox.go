@@ -32,6 +32,11 @@ type Outbox struct {
 	cleanupSQL      string
 	statsSQL        string
 	listSQL         string
+	watchSQL        string
+
+	// watch notifies other processes of commits (PostgreSQL only; nil on
+	// SQLite).
+	watch *commitWatch
 }
 
 // outboxColumns are the columns read back into outbox.Message.
@@ -118,6 +123,18 @@ RETURNING ` + prefixColumns("o.", outboxColumns))
 		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
 SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
 LIMIT ? FOR UPDATE SKIP LOCKED)`)
+		// The commit watcher's one statement: the status of every watched
+		// transaction and, when any of them committed, one NOTIFY. The
+		// statement's own transaction commits without waiting for its WAL
+		// flush (set_config is SET LOCAL): losing a notification in a crash
+		// costs nothing but latency, and the flush would hold the
+		// database-wide NOTIFY lock.
+		o.watchSQL = `WITH s AS (
+SELECT x, pg_xact_status(x) AS status FROM unnest(CAST(CAST(? AS text) AS xid8[])) AS x),
+n AS (SELECT pg_notify(?, ?), set_config('synchronous_commit', 'off', true)
+WHERE EXISTS (SELECT 1 FROM s WHERE status = 'committed'))
+SELECT CAST(x AS text) AS xid, status, (SELECT count(*) FROM n) AS notified FROM s`
+		o.watch = newCommitWatch(o, defaultWatchConfig)
 	} else {
 		// SQLite runs one writer at a time, so a single UPDATE is already
 		// exclusive; the lease protects rows between claim and mark.
@@ -160,9 +177,15 @@ func prefixColumns(prefix, cols string) string {
 
 // Add implements outbox.Store. It inserts msgs with one multi-row INSERT
 // (split only past 1000 rows) in the transaction carried by ctx (see
-// WithTx), sets each message's ID, CreatedAt and Status, and on PostgreSQL
-// queues a NOTIFY on the "<prefix>outbox" channel, which PostgreSQL delivers
-// once per transaction and only at commit.
+// WithTx) and sets each message's ID, CreatedAt and Status.
+//
+// On PostgreSQL the INSERT also returns the transaction's id, which Add
+// hands to the store's commit watcher: once the transaction commits, the
+// watcher sends one NOTIFY on the "<prefix>outbox" channel from its own
+// connection (covering every commit it saw since its last check) and wakes
+// this process's listeners directly. The caller's transaction itself runs
+// no NOTIFY: PostgreSQL serialises the commits of notifying transactions,
+// which would cost the producers their group commit.
 func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
@@ -182,14 +205,19 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 		}
 	}
 	tx = tx.WithContext(ctx)
-	// On PostgreSQL the first INSERT carries the NOTIFY in the same
-	// statement: one round trip per Add, which is most of PublishTx's cost.
-	notify := o.s.dialect.name == DialectPostgres
+	// On PostgreSQL the first INSERT also returns the transaction id, in
+	// the same statement: one round trip per Add, which is most of
+	// PublishTx's cost.
+	watch := o.watch != nil
 	for _, part := range chunk(msgs, maxInsertRows) {
-		if err := o.insert(tx, part, notify); err != nil {
+		xid, err := o.insert(tx, part, watch)
+		if err != nil {
 			return err
 		}
-		notify = false
+		if watch {
+			o.watch.add(xid)
+		}
+		watch = false
 	}
 	return nil
 }
@@ -198,11 +226,15 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 type insertedRow struct {
 	ID        int64  `gorm:"column:id"`
 	CreatedAt dbTime `gorm:"column:created_at"`
+	// Xid is the inserting transaction's id (PostgreSQL, when asked).
+	Xid string `gorm:"column:xid"`
 }
 
-func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, notify bool) error {
+// insert runs one INSERT; with withXid (PostgreSQL) it also returns the
+// transaction's id.
+func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (string, error) {
 	var sql strings.Builder
-	if notify {
+	if withXid {
 		sql.WriteString("WITH ins AS (")
 	}
 	sql.WriteString("INSERT INTO ")
@@ -218,7 +250,7 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, notify bool) error 
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
 			if err != nil {
-				return fmt.Errorf("gormstore: outbox add %s: headers: %w", m.MessageID, err)
+				return "", fmt.Errorf("gormstore: outbox add %s: headers: %w", m.MessageID, err)
 			}
 			headers = string(b)
 		}
@@ -229,19 +261,18 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, notify bool) error 
 		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload)
 	}
 	sql.WriteString(" RETURNING id, created_at")
-	if notify {
-		// The notification is queued by the transaction and delivered, once,
-		// only if it commits.
-		sql.WriteString("), n AS (SELECT pg_notify(?, '')) SELECT ins.id, ins.created_at FROM ins, n")
-		args = append(args, o.channel)
+	if withXid {
+		// pg_current_xact_id is the top-level transaction's id, also inside
+		// a savepoint (PostgreSQL 13 or later).
+		sql.WriteString(") SELECT id, created_at, CAST(pg_current_xact_id() AS text) AS xid FROM ins")
 	}
 
 	var rows []insertedRow
 	if err := tx.Raw(sql.String(), args...).Scan(&rows).Error; err != nil {
-		return fmt.Errorf("gormstore: outbox add: %w", err)
+		return "", fmt.Errorf("gormstore: outbox add: %w", err)
 	}
 	if len(rows) != len(msgs) {
-		return fmt.Errorf("gormstore: outbox add: inserted %d rows, got %d ids back", len(msgs), len(rows))
+		return "", fmt.Errorf("gormstore: outbox add: inserted %d rows, got %d ids back", len(msgs), len(rows))
 	}
 	// Ids are drawn in VALUES order; sorting makes the pairing independent
 	// of the order RETURNING happens to use.
@@ -254,7 +285,7 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, notify bool) error 
 		m.LastError = ""
 		m.DeliveredAt = nil
 	}
-	return nil
+	return rows[0].Xid, nil
 }
 
 // Claim implements outbox.Store: up to limit claimable rows, lowest id

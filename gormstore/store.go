@@ -117,6 +117,21 @@ func (s *Store) Inbox() *Inbox { return s.inbox }
 // Outbox returns the outbox store.
 func (s *Store) Outbox() *Outbox { return s.outbox }
 
+// Close stops the store's background work: on PostgreSQL, the commit
+// watcher that notifies other processes' relays after a transaction that
+// added outbox rows commits (see Outbox.Add). It waits for it to stop and
+// does not close the database. After Close the stores keep working, but
+// commits are no longer notified: relays find the rows on their next poll.
+// Close is idempotent. The watcher also stops by itself whenever it has no
+// transaction left to watch (it drops one still open after a minute), so a
+// Store that is never closed keeps no goroutine for long.
+func (s *Store) Close() error {
+	if s.outbox.watch != nil {
+		s.outbox.watch.close()
+	}
+	return nil
+}
+
 // Dialect reports the database dialect, DialectPostgres or DialectSQLite.
 func (s *Store) Dialect() string { return s.dialect.name }
 
