@@ -138,39 +138,6 @@ func (s *Store) Dialect() string { return s.dialect.name }
 // TablePrefix reports the table prefix in use.
 func (s *Store) TablePrefix() string { return s.prefix }
 
-// Migrate creates the tables and indexes, or brings them up to date. It is
-// idempotent, and on PostgreSQL safe when several processes call it at once
-// (they serialize on an advisory lock). It executes exactly the statements
-// MigrationSQL returns, in one transaction.
-func (s *Store) Migrate(ctx context.Context) error {
-	script, err := MigrationSQL(s.dialect.name, s.prefix)
-	if err != nil {
-		return err
-	}
-	stmts := splitStatements(script)
-	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if s.dialect.name == DialectPostgres {
-			// CREATE ... IF NOT EXISTS is not safe against a concurrent
-			// CREATE (both may pass the check, one then fails on the catalog's
-			// unique index), so concurrent migrators take turns. The lock is
-			// per prefix and released at commit.
-			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:migrate:"+s.prefix)).Error; err != nil {
-				return err
-			}
-		}
-		for _, stmt := range stmts {
-			if err := tx.Exec(stmt).Error; err != nil {
-				return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("gormstore: migrate: %w", err)
-	}
-	return nil
-}
-
 // MigrationSQL returns the SQL that creates the tables for dialect
 // ("postgres" or "sqlite") with table names starting with prefix: the
 // embedded migration files in order, every statement idempotent. Migrate

@@ -1,9 +1,15 @@
 -- BareWire inbox and outbox tables for PostgreSQL.
 --
 -- Every statement is idempotent, so this file can be run any number of times
--- (gormstore's Migrate runs it on every start under an advisory lock). The
--- table prefix is "barewire_"; gormstore.MigrationSQL("postgres", prefix)
--- returns this text with another prefix substituted.
+-- (gormstore's Migrate runs it, under an advisory lock, whenever one of the
+-- tables or indexes below is missing). The table prefix is "barewire_";
+-- gormstore.MigrationSQL("postgres", prefix) returns this text with another
+-- prefix substituted.
+--
+-- Keep every statement a CREATE TABLE / CREATE INDEX ... IF NOT EXISTS:
+-- Migrate checks the catalog for those names and, when all exist, runs no
+-- DDL (DDL locks live tables). A statement of another kind makes it run the
+-- whole script on every start.
 
 -- Inbox: one row per (message, consumer). A row is locked while
 -- processed_at IS NULL and expires_at is in the future; lock_token fences the

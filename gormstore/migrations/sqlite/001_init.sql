@@ -1,9 +1,11 @@
 -- BareWire inbox and outbox tables for SQLite.
 --
 -- Every statement is idempotent, so this file can be run any number of times
--- (gormstore's Migrate runs it on every start). The table prefix is
--- "barewire_"; gormstore.MigrationSQL("sqlite", prefix) returns this text
--- with another prefix substituted.
+-- (gormstore's Migrate runs it whenever one of the tables or indexes below
+-- is missing; keep every statement a CREATE TABLE / CREATE INDEX ... IF NOT
+-- EXISTS so that it can tell). The table prefix is "barewire_";
+-- gormstore.MigrationSQL("sqlite", prefix) returns this text with another
+-- prefix substituted.
 --
 -- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS' written by
 -- strftime('%Y-%m-%d %H:%M:%f', 'now'): the fixed width makes text

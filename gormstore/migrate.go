@@ -1,0 +1,164 @@
+package gormstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+)
+
+// Migrate creates the tables and indexes, or brings them up to date. It is
+// idempotent and safe while other instances run traffic on the tables or
+// migrate at the same moment:
+//
+//   - It first asks the catalog whether every table and index the script
+//     creates exists. If so it returns without running any DDL: on
+//     PostgreSQL even CREATE INDEX IF NOT EXISTS locks the table (SHARE,
+//     until commit), which can deadlock with live transactions.
+//   - Otherwise it executes exactly the statements MigrationSQL returns, in
+//     one transaction. On PostgreSQL that transaction first takes an
+//     advisory lock per prefix (migrators take turns), then runs with a
+//     lock_timeout of 5s so that it never queues traffic behind it for long,
+//     and is retried, at most 5 times in all, when PostgreSQL aborts it for
+//     a deadlock (40P01), a serialization failure (40001) or the lock
+//     timeout (55P03).
+func (s *Store) Migrate(ctx context.Context) error {
+	script, err := MigrationSQL(s.dialect.name, s.prefix)
+	if err != nil {
+		return err
+	}
+	stmts := splitStatements(script)
+	objects, provable := createdObjects(stmts)
+	if provable {
+		ok, err := s.schemaPresent(ctx, s.db.WithContext(ctx), objects)
+		if err != nil {
+			return fmt.Errorf("gormstore: migrate: %w", err)
+		}
+		if ok {
+			return nil
+		}
+	}
+	delay := migrateRetryDelay
+	for attempt := 1; ; attempt++ {
+		err = s.migrateOnce(ctx, stmts, objects, provable)
+		if err == nil || attempt == migrateAttempts || !retryableMigrateError(err) || ctx.Err() != nil {
+			break
+		}
+		// Jitter keeps two migrators that deadlocked from meeting again.
+		t := time.NewTimer(delay + rand.N(delay))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("gormstore: migrate: %w (while retrying after: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		delay *= 2
+	}
+	if err != nil {
+		return fmt.Errorf("gormstore: migrate: %w", err)
+	}
+	return nil
+}
+
+// Migrate's retry policy (variables for tests).
+var (
+	migrateAttempts   = 5
+	migrateRetryDelay = 100 * time.Millisecond
+)
+
+// migrateLockTimeout bounds how long one DDL statement waits for a table
+// lock; waiting DDL holds up every later writer of that table.
+const migrateLockTimeout = "5s"
+
+func (s *Store) migrateOnce(ctx context.Context, stmts, objects []string, provable bool) error {
+	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if s.dialect.name == DialectPostgres {
+			// CREATE ... IF NOT EXISTS is not safe against a concurrent
+			// CREATE (both may pass the check, one then fails on the catalog's
+			// unique index), so concurrent migrators take turns. The lock is
+			// per prefix and released at commit; it is taken before the
+			// lock_timeout applies, so waiting for another migrator is not
+			// bounded by it.
+			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:migrate:"+s.prefix)).Error; err != nil {
+				return err
+			}
+			// The migrator before us may have done the work.
+			if provable {
+				if ok, err := s.schemaPresent(ctx, tx, objects); err != nil || ok {
+					return err
+				}
+			}
+			if err := tx.Exec("SELECT set_config('lock_timeout', ?, true)", migrateLockTimeout).Error; err != nil {
+				return err
+			}
+		}
+		for _, stmt := range stmts {
+			if err := tx.Exec(stmt).Error; err != nil {
+				return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
+			}
+		}
+		return nil
+	})
+}
+
+// retryableMigrateError reports whether PostgreSQL aborted the migration for
+// a reason that a second attempt may not meet.
+func retryableMigrateError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "40P01", // deadlock_detected
+		"40001", // serialization_failure
+		"55P03": // lock_not_available (lock_timeout)
+		return true
+	}
+	return false
+}
+
+// createPattern matches the statements whose effect the catalog can
+// confirm: CREATE TABLE / CREATE [UNIQUE] INDEX ... IF NOT EXISTS name.
+var createPattern = regexp.MustCompile(`(?is)^CREATE\s+(?:UNIQUE\s+)?(?:TABLE|INDEX)\s+IF\s+NOT\s+EXISTS\s+([A-Za-z_][A-Za-z0-9_]*)\b`)
+
+// createdObjects lists the tables and indexes that stmts create. provable
+// is false when some statement is of another kind: then only running the
+// script brings the schema up to date, and Migrate always runs it.
+func createdObjects(stmts []string) (objects []string, provable bool) {
+	for _, stmt := range stmts {
+		m := createPattern.FindStringSubmatch(stmt)
+		if m == nil {
+			return nil, false
+		}
+		objects = append(objects, m[1])
+	}
+	return objects, len(objects) > 0
+}
+
+// schemaPresent reports whether every one of objects (table and index names,
+// resolved like the script's unqualified names) exists. It takes no lock on
+// the tables.
+func (s *Store) schemaPresent(ctx context.Context, db *gorm.DB, objects []string) (bool, error) {
+	var missing int64
+	var err error
+	if s.dialect.name == DialectPostgres {
+		// The names are validated identifiers (validatePrefix), so a plain
+		// array literal carries them.
+		err = db.WithContext(ctx).Raw("SELECT count(*) FROM unnest(CAST(CAST(? AS text) AS text[])) AS n WHERE to_regclass(n) IS NULL",
+			"{"+strings.Join(objects, ",")+"}").Scan(&missing).Error
+	} else {
+		var present int64
+		err = db.WithContext(ctx).Raw("SELECT count(*) FROM sqlite_master WHERE type IN ('table', 'index') AND name IN ?", objects).Scan(&present).Error
+		missing = int64(len(objects)) - present
+	}
+	if err != nil {
+		return false, fmt.Errorf("check the schema: %w", err)
+	}
+	return missing == 0, nil
+}
