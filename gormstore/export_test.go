@@ -1,6 +1,10 @@
 package gormstore
 
-import "time"
+import (
+	"time"
+
+	"github.com/barewire-go/barewire/internal/xactwatch"
+)
 
 // WatchStats are the commit watcher's counters.
 type WatchStats = watchStats
@@ -16,13 +20,5 @@ func (o *Outbox) WatchStats() WatchStats {
 // SetWatchTiming changes the commit watcher's timing; zero values keep the
 // default. Call it before the first Add.
 func (o *Outbox) SetWatchTiming(maxInterval, expiry time.Duration, maxPending int) {
-	if maxInterval > 0 {
-		o.watch.cfg.maxInterval = maxInterval
-	}
-	if expiry > 0 {
-		o.watch.cfg.expiry = expiry
-	}
-	if maxPending > 0 {
-		o.watch.cfg.maxPending = maxPending
-	}
+	o.watch.SetTiming(xactwatch.Config{MaxInterval: maxInterval, Expiry: expiry, MaxPending: maxPending})
 }

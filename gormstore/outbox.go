@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/internal/xactwatch"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -134,7 +135,7 @@ SELECT x, pg_xact_status(x) AS status FROM unnest(CAST(CAST(? AS text) AS xid8[]
 n AS (SELECT pg_notify(?, ?), set_config('synchronous_commit', 'off', true)
 WHERE EXISTS (SELECT 1 FROM s WHERE status = 'committed'))
 SELECT CAST(x AS text) AS xid, status, (SELECT count(*) FROM n) AS notified FROM s`
-		o.watch = newCommitWatch(o, defaultWatchConfig)
+		o.watch = newCommitWatch(o, xactwatch.DefaultConfig)
 	} else {
 		// SQLite runs one writer at a time, so a single UPDATE is already
 		// exclusive; the lease protects rows between claim and mark.
