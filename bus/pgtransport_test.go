@@ -16,6 +16,11 @@ import (
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 
@@ -725,4 +730,68 @@ func TestPostgresTransportRedeliveryExhaustedDeadLetters(t *testing.T) {
 		t.Errorf("%d attempts, want 4 (2 per delivery, 2 deliveries)", n)
 	}
 	waitFor(t, func() bool { hs, _ := env.rows(t, ep); return len(hs) == 0 })
+}
+
+// On the PostgreSQL transport a message published in a transaction has no
+// outbox row and no relay: its publish span says so, and it counts as
+// published when the transport sees the transaction commit (a rolled-back
+// one never counts).
+func TestPostgresTransportPublishTxTelemetry(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	typ := "Counted-" + env.suffix
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+	rec := newRecorder()
+	b := start(t, env.options(env.db, func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("counted-"+env.suffix, func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				rec.add(seen{MessageID: d.MessageID})
+				return nil
+			}, endpoint.ForTypes(typ))
+		})
+	}, bus.WithTracerProvider(tp), bus.WithMeterProvider(mp))...)
+	ctx := context.Background()
+	publish := func(id string, commit bool) {
+		err := b.Transaction(ctx, func(tx *gorm.DB) error {
+			if err := b.PublishTx(ctx, tx, bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+				return err
+			}
+			if !commit {
+				return errors.New("roll back")
+			}
+			return nil
+		})
+		if commit && err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("rolled-back", false)
+	publish("committed-1", true)
+	publish("committed-2", true)
+	rec.wait(t, 2)
+	published := func() int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		return metricSum(t, rm, "barewire.messages.published", attribute.String("message_type", typ))
+	}
+	waitFor(t, func() bool { return published() == 2 })
+	for _, s := range exp.GetSpans() {
+		if s.Name != typ+" publish" {
+			continue
+		}
+		for _, kv := range s.Attributes {
+			if kv.Key == "barewire.outbox" && kv.Value.AsBool() {
+				t.Errorf("span %s says barewire.outbox=true; the message was written to the queue in the transaction", s.Name)
+			}
+		}
+	}
+	if got := published(); got != 2 {
+		t.Errorf("published counter %d, want 2 (the rolled-back message never counts)", got)
+	}
 }

@@ -109,7 +109,15 @@ func (b *Bus) usePostgres(c *config) []error {
 	if s == nil {
 		return []error{optErr("PostgreSQL transport settings missing (internal error)")}
 	}
-	tr, err := pgtransport.New(s.db, s.p.config(), c.logger)
+	cfg := s.p.config()
+	// Messages written in the caller's transaction count as published
+	// once the transport sees that transaction commit.
+	cfg.OnCommitted = func(msgs []*outbox.Message) {
+		if b.tel != nil {
+			b.tel.countCommitted(msgs)
+		}
+	}
+	tr, err := pgtransport.New(s.db, cfg, c.logger)
 	if err != nil {
 		return []error{fmt.Errorf("%w: %w", ErrInvalidOption, err)}
 	}

@@ -111,7 +111,8 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 		return err
 	}
 	ctx, endSpan := b.startPublish(ctx, tx, m) // telemetry.go: span, trace context into m.Headers
-	defer func() { endSpan(err) }()
+	direct := false
+	defer func() { endSpan(err, direct) }()
 	if tx == nil {
 		if ctxTx, ok := gormstore.TxFromContext(ctx); ok {
 			tx = ctxTx
@@ -124,6 +125,7 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 		// A transport that writes in the caller's transaction (PostgreSQL
 		// on the same database) needs no outbox row and no relay hop.
 		if done, err := b.deliverInTx(ctx, tx, m); done {
+			direct = true
 			if err != nil {
 				return fmt.Errorf("bus: publish in transaction: %w", err)
 			}

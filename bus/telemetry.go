@@ -181,7 +181,7 @@ func newTelemetry(c telemetryConfig, kind transportKind) *telemetry {
 		}
 		return c
 	}
-	t.published = counter("barewire.messages.published", "Messages confirmed by the broker: published directly, or relayed from the outbox.")
+	t.published = counter("barewire.messages.published", "Messages confirmed by the transport: published directly, relayed from the outbox, or written to the PostgreSQL transport in a transaction that committed.")
 	t.consumed = counter("barewire.messages.consumed", "Deliveries whose consumers succeeded and committed.")
 	t.failed = counter("barewire.messages.failed", "Consumer attempts that failed (each retry counts).")
 	t.retried = counter("barewire.messages.retried", "Failed attempts retried in process.")
@@ -318,7 +318,12 @@ func (b *Bus) stopTelemetry() {
 // startPublish starts the "<type> publish" span of m, writes its trace
 // context into m's headers (so that it is stored in the outbox row and
 // carried to every consumer) and returns the function that ends it.
-func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) (context.Context, func(error)) {
+//
+// The returned function ends the span. direct says the message was written
+// to the transport in the caller's transaction (the PostgreSQL transport,
+// no outbox row): the span then says so, and the published counter moves
+// when the transport sees the transaction commit (countCommitted).
+func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) (context.Context, func(err error, direct bool)) {
 	t := b.tel
 	viaOutbox := tx != nil || b.cfg.outboxOpts.PublishThroughOutbox
 	if !viaOutbox {
@@ -357,7 +362,10 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 	if len(m.Headers) == 0 {
 		m.Headers = nil
 	}
-	return ctx, func(err error) {
+	return ctx, func(err error, direct bool) {
+		if direct {
+			span.SetAttributes(attrBWOutbox.Bool(false), attrMsgOpType.String("send"))
+		}
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
@@ -367,6 +375,15 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 			t.published.Add(ctx, 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
 		}
 		span.End()
+	}
+}
+
+// countCommitted counts the messages the PostgreSQL transport wrote in
+// transactions that have committed (publishing with no outbox row).
+func (t *telemetry) countCommitted(msgs []*outbox.Message) {
+	for _, m := range msgs {
+		_, dest := wire.ParseDestination(m.Destination)
+		t.published.Add(context.Background(), 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
 	}
 }
 

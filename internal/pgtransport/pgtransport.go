@@ -25,6 +25,7 @@ import (
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/internal/xactwatch"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -78,6 +79,12 @@ type Config struct {
 	// DisableAutoMigrate stops Start from creating the tables; apply
 	// MigrationSQL with your own tool.
 	DisableAutoMigrate bool
+	// OnCommitted, when set, is called with the messages DeliverTx wrote
+	// once their transaction is seen to have committed (usually within
+	// milliseconds; never for a rolled-back one, and not at all for a
+	// transaction still open after a minute or past 4096 watched ones).
+	// It runs on the commit watcher's goroutine and must not block.
+	OnCommitted func(msgs []*outbox.Message)
 }
 
 func (c *Config) defaults() {
@@ -151,6 +158,9 @@ type Transport struct {
 	pendingMu sync.Mutex
 	pending   map[string]bool // destinations to notify
 	kick      chan struct{}
+
+	// watch follows the transactions DeliverTx wrote in until they commit.
+	watch *xactwatch.Watcher
 }
 
 // New returns a transport on db, which must be a PostgreSQL database opened
@@ -180,12 +190,14 @@ func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
 		return nil, fmt.Errorf("pgtransport: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Transport{
+	t := &Transport{
 		sqlDB: sqlDB, cfg: cfg, log: log.With("transport", "postgres"), n: n, schema: schema, pub: pub,
 		ctx: ctx, cancel: cancel, signals: map[string]*signal{}, known: map[string]bool{}, local: map[string][]string{},
 		delays:  map[string]delayRoute{},
 		pending: map[string]bool{}, kick: make(chan struct{}, 1),
-	}, nil
+	}
+	t.watch = xactwatch.New(xactwatch.DefaultConfig, t.watchQuery, t.committed)
+	return t, nil
 }
 
 // Tables returns the names of the transport's tables.
@@ -335,24 +347,18 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 // notifyDelivered queues a notification for the destinations of the
 // messages written.
 func (t *Transport) notifyDelivered(msgs []*outbox.Message, errs []error) {
-	t.mu.Lock()
-	delays := t.delays
-	t.mu.Unlock()
-	t.pendingMu.Lock()
-	n := 0
+	dests := make([]string, 0, len(msgs))
 	for i, m := range msgs {
 		if errs[i] == nil {
-			kind, name := wire.ParseDestination(m.Destination)
-			if r, ok := delays[name]; ok && kind == "queue" {
-				// Consumers that wake now learn when the row turns visible.
-				name = r.target
-			}
-			t.pending[kind+":"+name] = true
-			n++
+			dests = append(dests, t.notifyDestination(m.Destination))
 		}
 	}
+	t.pendingMu.Lock()
+	for _, d := range dests {
+		t.pending[d] = true
+	}
 	t.pendingMu.Unlock()
-	if n > 0 {
+	if len(dests) > 0 {
 		select {
 		case t.kick <- struct{}{}:
 		default:
@@ -381,14 +387,37 @@ func (t *Transport) notifyLoop(ctx context.Context) {
 		for _, d := range dests {
 			t.wakeDestination(d)
 		}
-		qctx, cancel := context.WithTimeout(ctx, settleTimeout)
-		_, err := t.sqlDB.ExecContext(qctx, `SELECT pg_notify($1, d) FROM unnest($2::text[]) AS d`, t.n.channel, dests)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			// Other processes' consumers find the messages at their next poll.
-			t.log.Debug("postgres transport: NOTIFY failed", "error", err)
-		}
+		t.sendNotify(ctx, dests)
 	}
+}
+
+// sendNotify notifies the other processes of new messages for dests, in
+// one statement of its own.
+func (t *Transport) sendNotify(ctx context.Context, dests []string) {
+	if len(dests) == 0 {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	_, err := t.sqlDB.ExecContext(qctx, `SELECT pg_notify($1, d) FROM unnest($2::text[]) AS d`, t.n.channel, dests)
+	if err != nil && ctx.Err() == nil {
+		// Other processes' consumers find the messages at their next poll.
+		t.log.Debug("postgres transport: NOTIFY failed", "error", err)
+	}
+}
+
+// notifyDestination is what a notification for a message sent to dest
+// names: the destination itself, or for a delay queue the endpoint queue
+// its rows go to (consumers that wake learn when the row turns visible).
+func (t *Transport) notifyDestination(dest string) string {
+	kind, name := wire.ParseDestination(dest)
+	t.mu.Lock()
+	r, ok := t.delays[name]
+	t.mu.Unlock()
+	if ok && kind == "queue" {
+		name = r.target
+	}
+	return kind + ":" + name
 }
 
 // wakeDestination wakes the local consumers of the queues a destination
@@ -430,13 +459,75 @@ func (t *Transport) DeliverTx(ctx context.Context, msgs []*outbox.Message) error
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	// The NOTIFY goes in the caller's transaction: it is sent when (and
-	// only if) that transaction commits.
-	pub, err := wsql.NewPublisher(connPoolExecutor{tx.Statement.ConnPool}, wsql.PublisherConfig{SchemaAdapter: t.schema.withNotify()}, watermill.NopLogger{})
+	// No NOTIFY in the caller's transaction (see schemaAdapter.inTx): the
+	// insert returns the transaction's id, and the commit watcher notifies
+	// and wakes the consumers once that transaction has committed.
+	exec := &txExecutor{p: tx.Statement.ConnPool}
+	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: t.schema.forTx()}, watermill.NopLogger{})
 	if err != nil {
 		return fmt.Errorf("pgtransport: %w", err)
 	}
-	return t.publish(ctx, pub, msgs, idx)
+	if err := t.publish(ctx, pub, msgs, idx); err != nil {
+		return err
+	}
+	tags := make([]any, 0, len(idx))
+	for _, i := range idx {
+		tags = append(tags, msgs[i])
+	}
+	t.watch.Add(exec.xid, tags...)
+	return nil
+}
+
+// committed is the commit watcher's callback: the messages that
+// DeliverTx wrote in transactions that have now committed. Their
+// destinations are notified (and local consumers woken) by notifyLoop,
+// and OnCommitted hears of them.
+func (t *Transport) committed(tags []any) {
+	msgs := make([]*outbox.Message, 0, len(tags))
+	for _, tag := range tags {
+		if m, ok := tag.(*outbox.Message); ok {
+			msgs = append(msgs, m)
+		}
+	}
+	t.mu.Lock()
+	running := t.started && !t.closed
+	t.mu.Unlock()
+	if running {
+		t.notifyDelivered(msgs, make([]error, len(msgs)))
+	} else {
+		// A process that publishes without starting the bus (a producer
+		// only) has no notify loop and no consumers to wake: notify the
+		// other processes from here.
+		dests := map[string]bool{}
+		for _, m := range msgs {
+			dests[t.notifyDestination(m.Destination)] = true
+		}
+		t.sendNotify(t.ctx, slices.Collect(maps.Keys(dests)))
+	}
+	if t.cfg.OnCommitted != nil && len(msgs) > 0 {
+		t.cfg.OnCommitted(msgs)
+	}
+}
+
+// watchQuery asks pg_xact_status for the watched transactions. The
+// statement commits without waiting for its WAL flush: it writes nothing.
+func (t *Transport) watchQuery(ctx context.Context, xids string) (map[uint64]xactwatch.Status, error) {
+	rows, err := t.sqlDB.QueryContext(ctx, `SELECT CAST(x AS text), coalesce(pg_xact_status(x), '') FROM unnest(CAST(CAST($1 AS text) AS xid8[])) AS x`, xids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[uint64]xactwatch.Status{}
+	for rows.Next() {
+		var x, st string
+		if err := rows.Scan(&x, &st); err != nil {
+			return nil, err
+		}
+		if id, err := strconv.ParseUint(x, 10, 64); err == nil {
+			out[id] = xactwatch.ParseStatus(st)
+		}
+	}
+	return out, rows.Err()
 }
 
 // SharesDB reports whether tx (a *gorm.DB, in a transaction or not) runs on
@@ -571,17 +662,35 @@ func toWatermill(m *outbox.Message, delays map[string]delayRoute) *message.Messa
 	return wm
 }
 
-// connPoolExecutor runs watermill-sql's queries on a GORM connection pool,
-// which is a *sql.Tx inside a transaction.
-type connPoolExecutor struct{ p gorm.ConnPool }
-
-func (e connPoolExecutor) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
-	return e.p.ExecContext(ctx, q, args...)
+// txExecutor runs watermill-sql's insert on a GORM connection pool (a
+// *sql.Tx inside a transaction). The Publisher only executes the insert and
+// ignores its result, so ExecContext runs it as a query and keeps the
+// transaction id that the forTx insert returns, without another round
+// trip.
+type txExecutor struct {
+	p   gorm.ConnPool
+	xid string
 }
 
-func (e connPoolExecutor) QueryContext(ctx context.Context, q string, args ...any) (wsql.Rows, error) {
+func (e *txExecutor) ExecContext(ctx context.Context, q string, args ...any) (wsql.Result, error) {
+	var n int64
+	if err := e.p.QueryRowContext(ctx, q, args...).Scan(&n, &e.xid); err != nil {
+		return nil, err
+	}
+	return rowsAffected(n), nil
+}
+
+func (e *txExecutor) QueryContext(ctx context.Context, q string, args ...any) (wsql.Rows, error) {
 	return e.p.QueryContext(ctx, q, args...)
 }
+
+type rowsAffected int64
+
+func (r rowsAffected) LastInsertId() (int64, error) {
+	return 0, errors.New("pgtransport: no last insert id")
+}
+
+func (r rowsAffected) RowsAffected() (int64, error) { return int64(r), nil }
 
 // Len returns how many messages queue holds, in flight or not (for tests,
 // samples and operations).
@@ -610,6 +719,7 @@ func (t *Transport) Close() error {
 	t.closed = true
 	t.mu.Unlock()
 	t.cancel()
+	t.watch.Close()
 	t.wg.Wait()
 	// The watermill-sql Publisher holds no resources (Deliver checks
 	// closed itself), so it is left as it is: closing it would race with a
@@ -739,6 +849,10 @@ func (t *Transport) listen(ctx context.Context) error {
 	})
 	return loopErr
 }
+
+// CommitWatch reports the counters of the watcher that follows DeliverTx's
+// transactions (for tests and diagnostics).
+func (t *Transport) CommitWatch() xactwatch.Stats { return t.watch.Stats() }
 
 // Listening reports whether the NOTIFY listener is connected (for tests
 // and health pages; consumers poll when it is not).

@@ -3,6 +3,7 @@ package pgtransport_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 	"gorm.io/gorm"
 
@@ -706,7 +709,7 @@ func TestPostgresRestartRunsNoDDLOnALiveSchema(t *testing.T) {
 		t.Fatal(tx.Error)
 	}
 	defer tx.Rollback()
-	if err := tx.Exec(`INSERT INTO `+e.prefix+`queue_messages (queue, payload) VALUES ('live', '\x00')`).Error; err != nil {
+	if err := tx.Exec(`INSERT INTO ` + e.prefix + `queue_messages (queue, payload) VALUES ('live', '\x00')`).Error; err != nil {
 		t.Fatal(err)
 	}
 
@@ -721,4 +724,137 @@ func TestPostgresRestartRunsNoDDLOnALiveSchema(t *testing.T) {
 	if err := tr.Start(ctx, eps); err != nil {
 		t.Fatalf("second Start while a writer's transaction is open: %v (after %v)", err, time.Since(begin))
 	}
+}
+
+// TestPostgresDeliverTxNotifiesAfterCommitFromAnotherSession: the
+// producer's transaction sends no NOTIFY (a notifying transaction holds a
+// database-wide lock through its commit flush); the notification comes
+// after the commit from another backend, also when the publishing
+// transport was never started (a producer-only process), and OnCommitted
+// hears of the committed messages only.
+func TestPostgresDeliverTxNotifiesAfterCommitFromAnotherSession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	eps := endpoints(t, map[string][]string{"ledger": {"T"}})
+	e.start(t, pgtransport.Config{}, nil, eps...) // declares the queue and bindings
+
+	ctx := t.Context()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	conn, err := pgx.Connect(lctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(lctx, `LISTEN "`+strings.ToLower(e.prefix)+`queue_messages"`); err != nil {
+		t.Fatal(err)
+	}
+	notes := make(chan *pgconn.Notification, 16)
+	done := make(chan struct{})
+	defer func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.Background())
+	}()
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			notes <- n
+		}
+	}()
+
+	var mu sync.Mutex
+	var committed []string
+	producer, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix, OnCommitted: func(msgs []*outbox.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range msgs {
+			committed = append(committed, m.MessageID)
+		}
+	}}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close() // never started: a producer-only process
+
+	sqlDB, err := e.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent []string // every statement of the producers' transactions
+	publishIn := func(id string, commit bool) {
+		t.Helper()
+		err := e.db.Transaction(func(tx *gorm.DB) error {
+			rec := &recordingPool{ConnPool: tx.Statement.ConnPool, db: sqlDB}
+			// A Session with a Context clones the Statement, so the
+			// transaction's own ConnPool (its commit and rollback) stays.
+			tx = tx.Session(&gorm.Session{Context: ctx})
+			tx.Statement.ConnPool = rec
+			defer func() { sent = append(sent, rec.sql...) }()
+			if err := producer.DeliverTx(gormstore.WithTx(ctx, tx), []*outbox.Message{msg(id, "exchange:T")}); err != nil {
+				return err
+			}
+			if !commit {
+				return errors.New("roll back")
+			}
+			return nil
+		})
+		if commit && err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A rolled-back transaction: watched until it ends, then nothing.
+	publishIn("rolled-back", false)
+	eventually(t, "watcher done with the rolled-back transaction", func() bool { return producer.CommitWatch().Pending == 0 })
+	publishIn("committed", true)
+	select {
+	case n := <-notes:
+		if n.Payload != "exchange:T" {
+			t.Errorf("notification payload %q", n.Payload)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification within 5s of the commit")
+	}
+	if len(sent) != 2 {
+		t.Errorf("recorded %d statements in the producers' transactions, want 2", len(sent))
+	}
+	for _, q := range sent {
+		if strings.Contains(strings.ToLower(q), "notify") {
+			t.Errorf("a producer's transaction ran a NOTIFY:\n%s", q)
+		}
+	}
+	eventually(t, "OnCommitted", func() bool { mu.Lock(); defer mu.Unlock(); return len(committed) > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(committed) != 1 || committed[0] != "committed" {
+		t.Errorf("OnCommitted heard of %v, want only the committed message", committed)
+	}
+}
+
+// recordingPool records the statements run through a transaction's
+// connection pool; GetDBConn keeps it recognisable as the transport's pool.
+type recordingPool struct {
+	gorm.ConnPool
+	db  *sql.DB
+	sql []string
+}
+
+func (r *recordingPool) GetDBConn() (*sql.DB, error) { return r.db, nil }
+
+func (r *recordingPool) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	r.sql = append(r.sql, q)
+	return r.ConnPool.ExecContext(ctx, q, args...)
+}
+
+func (r *recordingPool) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	r.sql = append(r.sql, q)
+	return r.ConnPool.QueryContext(ctx, q, args...)
+}
+
+func (r *recordingPool) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	r.sql = append(r.sql, q)
+	return r.ConnPool.QueryRowContext(ctx, q, args...)
 }

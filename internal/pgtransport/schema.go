@@ -140,17 +140,16 @@ func migrationStatements(n names) []string {
 type schemaAdapter struct {
 	n     names
 	lease time.Duration
-	// notify makes InsertQuery also NOTIFY the destinations, in the
-	// inserting transaction (DeliverTx: the caller's transaction, so the
-	// notification goes out when it commits). Without it (Deliver) the
-	// transport notifies after the insert commits, in a statement of its
-	// own: a transaction that NOTIFYs holds a database-wide lock from
-	// pre-commit until its commit is flushed, so notifying commits
-	// serialize and lose group commit (8 publishers: ~150 instead of ~900
-	// inserts/s on the test machine).
-	notify    bool
+	// inTx makes InsertQuery also return the inserting transaction's id
+	// (DeliverTx: the caller's transaction), which the transport's commit
+	// watcher follows to notify consumers once it commits. The transport
+	// never NOTIFYs inside an inserting transaction: a transaction that
+	// NOTIFYs holds a database-wide lock from pre-commit until its commit
+	// is flushed, so notifying commits serialize and lose group commit (8
+	// publishers: ~150 instead of ~900 inserts/s on the test machine).
+	inTx      bool
 	insertSQL string
-	notifySQL string
+	txSQL     string
 	claimSQL  string
 }
 
@@ -184,9 +183,7 @@ func newSchemaAdapter(n names, lease time.Duration) schemaAdapter {
 		// Notification payloads are destinations ("exchange:X",
 		// "queue:Q"); each process wakes its own consumers of the queues
 		// it knows to be bound to them.
-		notifySQL: n.expand(insertCTE + `SELECT pg_notify($7, d.dest)
-FROM (SELECT DISTINCT m.kind || ':' || m.name AS dest FROM m) AS d
-WHERE EXISTS (SELECT 1 FROM ins)`),
+		txSQL: n.expand(insertCTE + `SELECT count(*), pg_current_xact_id()::text FROM ins`),
 		// The row is locked only for this statement (SKIP LOCKED: a row
 		// another consumer is claiming right now is passed over, never
 		// waited for) and leased by moving visible_at: no transaction
@@ -208,9 +205,9 @@ RETURNING m.id, m.message_id, m.payload, m.metadata, m.deliveries`),
 	}
 }
 
-// withNotify returns the adapter that notifies in the inserting transaction.
-func (s schemaAdapter) withNotify() schemaAdapter {
-	s.notify = true
+// forTx returns the adapter whose insert also returns the transaction id.
+func (s schemaAdapter) forTx() schemaAdapter {
+	s.inTx = true
 	return s
 }
 
@@ -263,8 +260,8 @@ func (s schemaAdapter) InsertQuery(p wsql.InsertQueryParams) (wsql.Query, error)
 			payloads[i] = []byte{}
 		}
 	}
-	if s.notify {
-		return wsql.Query{Query: s.notifySQL, Args: []any{kinds, dests, ids, metas, payloads, delays, s.n.channel}}, nil
+	if s.inTx {
+		return wsql.Query{Query: s.txSQL, Args: []any{kinds, dests, ids, metas, payloads, delays}}, nil
 	}
 	return wsql.Query{Query: s.insertSQL, Args: []any{kinds, dests, ids, metas, payloads, delays}}, nil
 }
