@@ -147,7 +147,6 @@ func (s *service) newBus() error {
 			p.TablePrefix = cfg.Names.TransportPrefix()
 			p.Lease = cfg.PGLease
 			p.PollInterval = cfg.PollingInterval
-			p.DisableAutoMigrate = true // see migrate
 		})
 	default:
 		tr = bus.WithRabbitMQ(cfg.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) })
@@ -162,7 +161,6 @@ func (s *service) newBus() error {
 			o.InboxLockTimeout = cfg.InboxLockTimeout
 			o.RelayLease = cfg.RelayLease
 			o.PollingInterval = cfg.PollingInterval
-			o.DisableAutoMigrate = true // see migrate
 		}),
 	}
 	b, err := bus.New(opts...)
@@ -173,16 +171,15 @@ func (s *service) newBus() error {
 	return nil
 }
 
-// migrate creates the bus's tables and the business tables unless they all
-// exist, retrying while the database is unreachable (a restarted process may
-// come up during a PostgreSQL restart).
+// migrate runs the bus's migrations and creates the business tables
+// unless they exist, retrying while the database is unreachable (a
+// restarted process may come up during a PostgreSQL restart).
 //
-// It skips the migration when the tables exist because running it against
-// live tables is not harmless: gormstore's Migrate takes SHARE locks on the
-// inbox and outbox tables in one transaction (CREATE INDEX IF NOT EXISTS
-// locks the table before it finds the index), which deadlocks with
-// consumer transactions running at the same time (see the report of issue
-// 6). For the same reason the bus is built with DisableAutoMigrate.
+// Every process runs gormstore's Migrate at every (re)start, beside live
+// traffic, as a real deployment does; so does the bus's Start for its
+// inbox, outbox and transport tables. On an up-to-date schema they run no
+// DDL (CREATE INDEX IF NOT EXISTS would lock the live tables), which is
+// what this exercises.
 func (s *service) migrate(ctx context.Context) error {
 	st, err := gormstore.New(s.db, gormstore.WithTablePrefix(s.cfg.Names.Prefix))
 	if err != nil {
@@ -190,23 +187,21 @@ func (s *service) migrate(ctx context.Context) error {
 	}
 	deadline := time.Now().Add(s.cfg.StartTimeout)
 	for {
-		exists, err := s.tablesExist(ctx)
-		if err == nil && exists {
-			return nil
-		}
+		err := st.Migrate(ctx)
 		if err == nil {
-			s.log.Info("creating tables")
-			if err = st.Migrate(ctx); err == nil {
+			var exists bool
+			if exists, err = s.tablesExist(ctx); err == nil && !exists {
+				s.log.Info("creating tables")
 				err = workload.Migrate(ctx, s.db, s.cfg.Names)
-			}
-			if err == nil && s.cfg.Transport == transportPostgres {
-				err = workload.MigrateTransport(ctx, s.db, s.cfg.Names)
+				if err == nil && s.cfg.Transport == transportPostgres {
+					err = workload.MigrateTransport(ctx, s.db, s.cfg.Names)
+				}
 			}
 		}
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
-		s.log.Warn("creating tables failed; retrying", "error", err)
+		s.log.Warn("migrating failed; retrying", "error", err)
 		sleep(ctx, 500*time.Millisecond)
 	}
 }
