@@ -670,6 +670,9 @@ func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-dead
+	// The error queue's consumer can run before the failing delivery has
+	// counted its dead letter: wait for the counter, then check retries.
+	waitFor(t, func() bool { return b.Stats().DeadLettered == 1 })
 	if s := b.Stats(); s.Retries != 3 || s.DeadLettered != 1 {
 		t.Fatalf("stats %+v; want 3 retries (4 attempts) and 1 dead letter", s)
 	}
