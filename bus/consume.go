@@ -39,7 +39,7 @@ const maxInboundIDLen = 1024
 type stateKey struct{}
 
 // deliveryState travels in the consumer's context.
-type deliveryState struct{ published, ran atomic.Bool }
+type deliveryState struct{ published, ran, ackedInTx atomic.Bool }
 
 func stateFrom(ctx context.Context) *deliveryState {
 	s, _ := ctx.Value(stateKey{}).(*deliveryState)
@@ -263,6 +263,15 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 				return err
 			}
 		}
+		// A transport whose queue is in this database acknowledges in
+		// this transaction: the ack commits with the effects.
+		if ta, ok := b.tr.(txAcker); ok {
+			acked, err := ta.AckTx(txCtx, msg)
+			if err != nil {
+				return &inbox.StoreError{Op: "ack in transaction", Err: err}
+			}
+			state.ackedInTx.Store(acked)
+		}
 		return nil
 	}
 
@@ -287,6 +296,9 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		msg.SetContext(orig)
 	}
 	if err == nil && state.ran.Load() {
+		if state.ackedInTx.Load() {
+			b.tr.(txAcker).AckedInTx(msg)
+		}
 		b.ctr.consumed.Add(1)
 		b.tel.note(ctx, evConsumed)
 		if state.published.Load() {

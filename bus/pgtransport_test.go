@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -793,5 +794,42 @@ func TestPostgresTransportPublishTxTelemetry(t *testing.T) {
 	}
 	if got := published(); got != 2 {
 		t.Errorf("published counter %d, want 2 (the rolled-back message never counts)", got)
+	}
+}
+
+// On the PostgreSQL transport the consumer's transaction also deletes the
+// message's row (the ack commits with the effects): every message is
+// consumed once, the queue ends empty, and the transport's own ack finds
+// nothing left to do without mistaking that for a lost lease.
+func TestPostgresTransportAcksInTheConsumersTransaction(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	typ := "AckedInTx-" + env.suffix
+	ep := "acked-in-tx-" + env.suffix
+	var logs syncBuffer
+	rec := newRecorder()
+	b := start(t, append(env.options(env.db, func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
+			e.ConcurrentMessageLimit = 4
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				rec.add(seen{MessageID: d.MessageID})
+				return nil
+			}, endpoint.ForTypes(typ))
+		})
+	}), bus.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))...)
+	const n = 40
+	for i := range n {
+		if err := b.Publish(context.Background(), bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: fmt.Sprintf("ack-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.wait(t, n)
+	drainPg(t, b)
+	waitFor(t, func() bool { hs, _ := env.rows(t, ep); return len(hs) == 0 })
+	if got := len(rec.snapshot()); got != n {
+		t.Errorf("%d deliveries handled, want %d", got, n)
+	}
+	if strings.Contains(logs.String(), "lease lost") {
+		t.Errorf("the transport's ack took the in-transaction ack for a lost lease:\n%s", logs.String())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 	"weak"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/endpoint"
@@ -179,6 +180,20 @@ type txDeliverer interface {
 }
 
 var _ txDeliverer = (*pgtransport.Transport)(nil)
+
+// txAcker is implemented by transports that can acknowledge a delivery in
+// the transaction that commits the consumer's effects (the PostgreSQL
+// transport, when the inbox is on its database): the message is then
+// acknowledged if and only if the effects commit.
+type txAcker interface {
+	// AckTx acknowledges msg in the transaction carried by ctx and
+	// reports whether it did.
+	AckTx(ctx context.Context, msg *message.Message) (bool, error)
+	// AckedInTx is called once that transaction has committed.
+	AckedInTx(msg *message.Message)
+}
+
+var _ txAcker = (*pgtransport.Transport)(nil)
 
 // deliverInTx writes m in tx through the transport when the transport can
 // (see txDeliverer). done is false when the caller must use the outbox: the

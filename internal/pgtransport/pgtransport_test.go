@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -857,4 +858,70 @@ func (r *recordingPool) QueryContext(ctx context.Context, q string, args ...any)
 func (r *recordingPool) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
 	r.sql = append(r.sql, q)
 	return r.ConnPool.QueryRowContext(ctx, q, args...)
+}
+
+// TestPostgresAckTxCommitsWithTheEffects: a message acknowledged in the
+// handler's transaction is gone when that transaction commits — even if
+// the process stops before the ack (here: the transport closes without
+// applying the verdict) — and stays when it rolls back.
+func TestPostgresAckTxCommitsWithTheEffects(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	eps := endpoints(t, map[string][]string{"acks": {"A"}})
+	tr, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix, Lease: time.Minute}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := tr.Start(ctx, eps); err != nil {
+		t.Fatal(err)
+	}
+	deliver(t, tr, msg("rolled-back", "queue:acks"), msg("committed", "queue:acks"))
+	ch := subscribe(t, tr, ctx, "acks")
+
+	m := recv(t, ch)
+	if m.UUID != "rolled-back" {
+		t.Fatalf("got %s", m.UUID)
+	}
+	err = e.db.Transaction(func(tx *gorm.DB) error {
+		acked, err := tr.AckTx(gormstore.WithTx(ctx, tx), m)
+		if err != nil || !acked {
+			t.Fatalf("AckTx: %v %v", acked, err)
+		}
+		return errors.New("roll back")
+	})
+	if err == nil {
+		t.Fatal("no rollback")
+	}
+	m.Nack() // the bus settles a failed delivery normally
+	m2 := recv(t, ch)
+	if m2.UUID != "committed" {
+		// The nacked one is held back by RedeliveryDelay; order is by id.
+		t.Logf("got %s first", m2.UUID)
+	}
+	// Whichever came: ack it in a committed transaction and never Ack.
+	if err := e.db.Transaction(func(tx *gorm.DB) error {
+		_, err := tr.AckTx(gormstore.WithTx(ctx, tx), m2)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tr.AckedInTx(m2)
+	if err := tr.Close(); err != nil { // stops without applying any verdict
+		t.Fatal(err)
+	}
+	var ids []string
+	if err := e.db.Raw(`SELECT message_id FROM `+e.prefix+`queue_messages ORDER BY id`).Scan(&ids).Error; err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"committed", "rolled-back"}
+	want = slices.DeleteFunc(want, func(id string) bool { return id == m2.UUID })
+	if !slices.Equal(ids, want) {
+		t.Fatalf("rows left %v, want %v: the row acked in a committed transaction is gone, the rolled-back ack left its row", ids, want)
+	}
+	// A message that is not this transport's, or a transaction on no
+	// database: nothing to do.
+	if acked, err := tr.AckTx(ctx, message.NewMessage("x", nil)); acked || err != nil {
+		t.Errorf("AckTx of a foreign message: %v %v", acked, err)
+	}
 }

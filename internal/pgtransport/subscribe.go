@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -79,6 +80,9 @@ type claimed struct {
 	id         int64
 	deliveries int
 	msg        *message.Message
+	// ackedInTx is set by AckedInTx once the transaction that deleted the
+	// row (AckTx) has committed: the ack then has nothing left to do.
+	ackedInTx atomic.Bool
 }
 
 func (s *subscription) run(ctx context.Context) {
@@ -183,6 +187,8 @@ func (s *subscription) handle(ctx context.Context, c *claimed) bool {
 	mctx, cancel := context.WithCancel(s.t.ctx)
 	defer cancel()
 	c.msg.SetContext(mctx)
+	s.t.inflight.Store(c.msg, c)
+	defer s.t.inflight.Delete(c.msg)
 	select {
 	case s.out <- c.msg:
 	case <-ctx.Done():
@@ -227,6 +233,9 @@ func (s *subscription) exec(query string, args ...any) (int64, error) {
 // nothing.
 
 func (s *subscription) ack(c *claimed) {
+	if c.ackedInTx.Load() {
+		return // deleted by the handler's own transaction (AckTx)
+	}
 	n, err := s.exec(`WITH `+asyncCommit+` DELETE FROM {messages} AS m USING cfg WHERE m.id = $1 AND m.deliveries = $2`, c.id, c.deliveries)
 	switch {
 	case err != nil:
