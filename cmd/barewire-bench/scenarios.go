@@ -235,34 +235,33 @@ func (r *runner) e2eRounds(ctx context.Context) error {
 	lastB.Notes = append(lastB.Notes, fmt.Sprintf("median of %d rounds interleaved with e2e; latency and RSS from the last round", r.cfg.rounds))
 	r.basePeak = lastB.MsgsPerS
 	r.add(lastB)
-	lastE.MsgsPerS = med(es)
+	r.medianOfRounds(&lastE, lastB.MsgsPerS, es, ratios, "median of %d rounds; latency and RSS from the last round")
 	r.e2ePeak = lastE.MsgsPerS
-	lastE.BaselineMsgsPerS = lastB.MsgsPerS
-	lastE.Ratio = med(ratios)
-	lastE.RatioOf = fmt.Sprintf("baseline; median of %d interleaved per-round ratios", r.cfg.rounds)
-	if lastE.Extra == nil {
-		lastE.Extra = map[string]any{}
-	}
-	lastE.Extra["rounds_msgs_per_s"] = es
-	lastE.Extra["rounds_ratio"] = ratios
-	lastE.Notes = append(lastE.Notes, fmt.Sprintf("median of %d rounds; latency and RSS from the last round", r.cfg.rounds))
 	r.add(lastE)
 	if withPG {
-		lastP.MsgsPerS = med(ps)
-		lastP.BaselineMsgsPerS = lastB.MsgsPerS
-		lastP.Ratio = med(pgRatios)
-		lastP.RatioOf = fmt.Sprintf("baseline; median of %d interleaved per-round ratios", r.cfg.rounds)
-		if lastP.Extra == nil {
-			lastP.Extra = map[string]any{}
-		}
-		lastP.Extra["rounds_msgs_per_s"] = ps
-		lastP.Extra["rounds_ratio"] = pgRatios
+		r.medianOfRounds(&lastP, lastB.MsgsPerS, ps, pgRatios, "median of %d rounds interleaved with baseline and e2e; latency and RSS from the last round")
 		lastP.Extra["rounds_ratio_to_e2e"] = pgE2ERatios
 		lastP.Extra["ratio_to_e2e"] = med(pgE2ERatios)
-		lastP.Notes = append(lastP.Notes, fmt.Sprintf("median of %d rounds interleaved with baseline and e2e; latency and RSS from the last round", r.cfg.rounds))
 		r.pgPeak = &lastP // reported by the pg-transport scenario
 	}
 	return nil
+}
+
+// medianOfRounds turns the last round's result into the rounds' summary:
+// the median rate and the median of the per-round ratios to the baseline,
+// with the per-round values in Extra and a note (with %d for the number of
+// rounds).
+func (r *runner) medianOfRounds(res *Result, baseline float64, rates, ratios []float64, note string) {
+	res.MsgsPerS = percentiles(rates, 50)[0]
+	res.BaselineMsgsPerS = baseline
+	res.Ratio = percentiles(ratios, 50)[0]
+	res.RatioOf = fmt.Sprintf("baseline; median of %d interleaved per-round ratios", r.cfg.rounds)
+	if res.Extra == nil {
+		res.Extra = map[string]any{}
+	}
+	res.Extra["rounds_msgs_per_s"] = rates
+	res.Extra["rounds_ratio"] = ratios
+	res.Notes = append(res.Notes, fmt.Sprintf(note, r.cfg.rounds))
 }
 
 func (r *runner) finishE2E(res Result, ph phase) {
