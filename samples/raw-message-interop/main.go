@@ -8,10 +8,12 @@
 // and a message with no message_id is dead-lettered to legacy-inbound_error
 // (the endpoint's MissingMessageID policy, RejectMissingID by default).
 //
-// With -amqp-url the producer really is a separate plain AMQP connection.
-// On the embedded default and on the PostgreSQL transport (-transport
-// postgres) there is no broker to publish to, so the sample simulates the producer with bus.Send of a bus.Raw carrying the same
-// properties as headers.
+// With -transport rabbitmq (-amqp-url) the producer really is a separate
+// plain AMQP connection. With -transport postgres it is a plain SQL INSERT
+// into the transport's queue table (see sqlProducer), as a service in any
+// language could write it. On the embedded default there is nothing outside
+// the process to produce with, so the sample simulates the producer with
+// bus.Send of a bus.Raw carrying the same properties as headers.
 //
 //	go run ./samples/raw-message-interop -demo   # scripted run, prints and exits
 //	go run ./samples/raw-message-interop         # HTTP API on 127.0.0.1:8085
@@ -20,6 +22,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -194,6 +197,58 @@ func (p busProducer) Publish(ctx context.Context, m rawMessage) error {
 
 func (busProducer) Close() error { return nil }
 
+// sqlProducer is the foreign producer on the PostgreSQL transport: a plain
+// SQL INSERT into the transport's queue table, as a service in any language
+// (or a database trigger) can write it. No BareWire code is involved.
+type sqlProducer struct{ b *bus.Bus }
+
+// snippet:start sql-producer
+// A message for the legacy-inbound endpoint on the PostgreSQL transport is
+// one row in its queue: the id, the headers as a JSON object of strings
+// (BW-MessageType, content-type and correlation-id included) and the body
+// as bytes. The NOTIFY, sent after the commit, wakes an idle consumer at
+// once; without it the consumer finds the row within its PollInterval.
+const (
+	insertMessageSQL = `INSERT INTO barewire_queue_messages (queue, message_id, metadata, payload)
+VALUES ($1, $2, $3::json, $4)`
+	notifySQL = `SELECT pg_notify('barewire_queue_messages', 'queue:' || $1)`
+)
+
+// snippet:end sql-producer
+
+func (p sqlProducer) Describe() string {
+	return "plain SQL: INSERT INTO barewire_queue_messages, then pg_notify (no BareWire code)"
+}
+
+func (p sqlProducer) Publish(ctx context.Context, m rawMessage) error {
+	headers := map[string]string{"BW-MessageType": m.Type, "content-type": m.ContentType, "correlation-id": m.CorrelationID}
+	for k, v := range m.Headers {
+		headers[k] = fmt.Sprint(v)
+	}
+	for k, v := range headers {
+		if v == "" {
+			delete(headers, k)
+		}
+	}
+	meta, err := json.Marshal(headers)
+	if err != nil {
+		return fmt.Errorf("SQL producer: headers: %w", err)
+	}
+	sqlDB, err := p.b.DB().DB()
+	if err != nil {
+		return fmt.Errorf("SQL producer: %w", err)
+	}
+	if _, err := sqlDB.ExecContext(ctx, insertMessageSQL, inboundQueue, m.MessageID, string(meta), m.Body); err != nil {
+		return fmt.Errorf("SQL producer: insert: %w", err)
+	}
+	if _, err := sqlDB.ExecContext(ctx, notifySQL, inboundQueue); err != nil {
+		return fmt.Errorf("SQL producer: notify: %w", err)
+	}
+	return nil
+}
+
+func (sqlProducer) Close() error { return nil }
+
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8085")
 	opts, err := f.Options(declare, nil)
@@ -205,15 +260,19 @@ func main() {
 		log.Fatal(err)
 	}
 	var p producer = busProducer{b}
-	if f.Is(sample.TransportRabbitMQ) {
+	switch {
+	case f.Is(sample.TransportRabbitMQ):
 		p = &amqpProducer{url: f.AMQPURL}
+	case f.Is(sample.TransportPostgres):
+		p = sqlProducer{b}
 	}
 	defer func() {
 		if err := p.Close(); err != nil {
 			log.Printf("close producer: %v", err)
 		}
 	}()
-	a := &app{b: b, p: p, amqp: f.Is(sample.TransportRabbitMQ)}
+	// A real foreign producer (AMQP or SQL) can send a message without an id.
+	a := &app{b: b, p: p, foreign: f.Is(sample.TransportRabbitMQ) || f.Is(sample.TransportPostgres)}
 	if f.Demo {
 		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
 			_ = p.Close()
@@ -232,9 +291,9 @@ func main() {
 }
 
 type app struct {
-	b    *bus.Bus
-	p    producer
-	amqp bool
+	b       *bus.Bus
+	p       producer
+	foreign bool // the producer is not the bus: it can omit the message id
 }
 
 func (a *app) migrate() error { return a.b.DB().AutoMigrate(&RawReceived{}) }
@@ -283,7 +342,7 @@ func (a *app) postRaw(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := a.p.Publish(r.Context(), m); err != nil {
 		status := http.StatusServiceUnavailable
-		if noID && !a.amqp {
+		if noID && !a.foreign {
 			status = http.StatusBadRequest
 		}
 		sample.WriteError(w, status, err)
@@ -311,7 +370,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 	}
 	textMsg := rawMessage{
 		MessageID: "legacy-" + run + "-2", ContentType: "text/plain",
-		Body: []byte("plain text from a plain AMQP client"), Headers: amqp.Table{"x-source": "legacy-erp"},
+		Body: []byte("plain text from a producer that knows nothing of BareWire"), Headers: amqp.Table{"x-source": "legacy-erp"},
 	}
 	noIDMsg := rawMessage{ContentType: "text/plain", Body: []byte("no message_id " + run), Headers: amqp.Table{"x-source": "legacy-erp"}}
 	before := a.b.Stats()
@@ -323,7 +382,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 		{"the same message_id again", jsonMsg},
 		{"plain text, no type", textMsg},
 	}
-	if a.amqp {
+	if a.foreign {
 		steps = append(steps, struct {
 			what string
 			m    rawMessage
@@ -339,8 +398,8 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 		}
 		fmt.Printf("published %-27s message_id %s\n", s.what, id)
 	}
-	if !a.amqp {
-		fmt.Println("(a message without message_id needs -transport rabbitmq: the bus itself always assigns an id)")
+	if !a.foreign {
+		fmt.Println("(a message without message_id needs -transport rabbitmq or postgres: the bus itself always assigns an id)")
 	}
 
 	ids := []string{jsonMsg.MessageID, textMsg.MessageID}
@@ -352,7 +411,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 		}
 		st := a.b.Stats()
 		done := len(rs) >= 2 && st.Duplicates > before.Duplicates
-		if a.amqp {
+		if a.foreign {
 			done = done && st.DeadLettered > before.DeadLettered
 		}
 		return done, nil
@@ -391,7 +450,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 		c.Expect(r.Headers["x-source"] == "legacy-erp" && r.Headers["x-tenant"] == "acme", "the custom headers arrived")
 		c.Expect(r.Headers["x-schema-version"] == "2", "a non-string header (int32 2) reads as the string %q (got %q)", "2", r.Headers["x-schema-version"])
 	}
-	if a.amqp {
+	if a.foreign {
 		c.Expect(st.DeadLettered-before.DeadLettered == 1, "the message without message_id was dead-lettered to %s_error, not processed", inboundQueue)
 	}
 	return c.Err()
