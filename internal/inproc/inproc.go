@@ -196,18 +196,10 @@ func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
 }
 
 func headersOf(m *outbox.Message) map[string]string {
-	h := make(map[string]string, len(m.Headers)+4)
-	maps.Copy(h, m.Headers)
-	set := func(k, v string) {
-		if v != "" {
-			h[k] = v
-		}
+	h := transport.Headers(m, 1)
+	if m.Destination != "" {
+		h[wire.HeaderDestination] = m.Destination
 	}
-	set(wire.HeaderMessageID, m.MessageID)
-	set(wire.HeaderMessageType, m.MessageType)
-	set(wire.HeaderContentType, m.ContentType)
-	set(wire.HeaderCorrelationID, m.CorrelationID)
-	set(wire.HeaderDestination, m.Destination)
 	return h
 }
 

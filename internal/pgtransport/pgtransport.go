@@ -351,11 +351,13 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 // messages written.
 func (t *Transport) notifyDelivered(msgs []*outbox.Message, errs []error) {
 	dests := make([]string, 0, len(msgs))
+	t.mu.Lock()
 	for i, m := range msgs {
 		if errs[i] == nil {
-			dests = append(dests, t.notifyDestination(m.Destination))
+			dests = append(dests, t.notifyDestinationLocked(m.Destination))
 		}
 	}
+	t.mu.Unlock()
 	t.pendingMu.Lock()
 	for _, d := range dests {
 		t.pending[d] = true
@@ -413,11 +415,14 @@ func (t *Transport) sendNotify(ctx context.Context, dests []string) {
 // names: the destination itself, or for a delay queue the endpoint queue
 // its rows go to (consumers that wake learn when the row turns visible).
 func (t *Transport) notifyDestination(dest string) string {
-	kind, name := wire.ParseDestination(dest)
 	t.mu.Lock()
-	r, ok := t.delays[name]
-	t.mu.Unlock()
-	if ok && kind == "queue" {
+	defer t.mu.Unlock()
+	return t.notifyDestinationLocked(dest)
+}
+
+func (t *Transport) notifyDestinationLocked(dest string) string {
+	kind, name := wire.ParseDestination(dest)
+	if r, ok := t.delays[name]; ok && kind == "queue" {
 		name = r.target
 	}
 	return kind + ":" + name
@@ -551,11 +556,12 @@ func (t *Transport) AckTx(ctx context.Context, msg *message.Message) (bool, erro
 	if !ok || !t.SharesDB(tx) {
 		return false, nil
 	}
-	res := tx.WithContext(ctx).Exec(t.n.expand(`DELETE FROM {messages} WHERE id = ? AND deliveries = ?`), c.id, c.deliveries)
-	if res.Error != nil {
-		return false, fmt.Errorf("pgtransport: ack in transaction: %w", res.Error)
+	res, err := tx.Statement.ConnPool.ExecContext(ctx, t.schema.ackTxSQL, c.id, c.deliveries)
+	if err != nil {
+		return false, fmt.Errorf("pgtransport: ack in transaction: %w", err)
 	}
-	return res.RowsAffected == 1, nil
+	n, err := res.RowsAffected()
+	return err == nil && n == 1, err
 }
 
 // AckedInTx records that the transaction in which AckTx deleted msg's row
@@ -676,17 +682,7 @@ func (t *Transport) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // delayRoute) goes to the route's endpoint queue instead, to become visible
 // after the route's delay.
 func toWatermill(m *outbox.Message, delays map[string]delayRoute) *message.Message {
-	h := make(message.Metadata, len(m.Headers)+5)
-	maps.Copy(h, m.Headers)
-	set := func(k, v string) {
-		if v != "" {
-			h[k] = v
-		}
-	}
-	set(wire.HeaderMessageID, m.MessageID)
-	set(wire.HeaderMessageType, m.MessageType)
-	set(wire.HeaderContentType, m.ContentType)
-	set(wire.HeaderCorrelationID, m.CorrelationID)
+	h := message.Metadata(transport.Headers(m, 2))
 	kind, name := wire.ParseDestination(m.Destination)
 	if r, ok := delays[name]; ok && kind == "queue" {
 		name = r.target

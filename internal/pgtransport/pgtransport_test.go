@@ -727,13 +727,13 @@ func TestPostgresRestartRunsNoDDLOnALiveSchema(t *testing.T) {
 	}
 }
 
-// TestPostgresDeliverTxNotifiesAfterCommitFromAnotherSession: the
+// TestPostgresDeliverTxNotifiesAfterTheCommitNotInsideIt: the
 // producer's transaction sends no NOTIFY (a notifying transaction holds a
 // database-wide lock through its commit flush); the notification comes
 // after the commit from another backend, also when the publishing
 // transport was never started (a producer-only process), and OnCommitted
 // hears of the committed messages only.
-func TestPostgresDeliverTxNotifiesAfterCommitFromAnotherSession(t *testing.T) {
+func TestPostgresDeliverTxNotifiesAfterTheCommitNotInsideIt(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	eps := endpoints(t, map[string][]string{"ledger": {"T"}})
@@ -911,7 +911,7 @@ func TestPostgresAckTxCommitsWithTheEffects(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ids []string
-	if err := e.db.Raw(`SELECT message_id FROM `+e.prefix+`queue_messages ORDER BY id`).Scan(&ids).Error; err != nil {
+	if err := e.db.Raw(`SELECT message_id FROM ` + e.prefix + `queue_messages ORDER BY id`).Scan(&ids).Error; err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"committed", "rolled-back"}

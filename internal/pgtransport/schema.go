@@ -151,6 +151,12 @@ type schemaAdapter struct {
 	insertSQL string
 	txSQL     string
 	claimSQL  string
+	// Per-message statements of the consumers, expanded once: the
+	// delivery count ($2) fences each to the claim that made it.
+	ackSQL     string // delete the row (asynchronous commit)
+	ackTxSQL   string // delete the row in the caller's transaction (AckTx)
+	moveSQL    string // make the row visible again after $3 seconds: nack, release, lease extension
+	nextDueSQL string // seconds until the queue's next row turns visible
 }
 
 var _ wsql.SchemaAdapter = schemaAdapter{}
@@ -180,9 +186,8 @@ func newSchemaAdapter(n names, lease time.Duration) schemaAdapter {
 		// One statement per batch. A data-modifying CTE runs to completion
 		// whatever the outer query reads.
 		insertSQL: n.expand(insertCTE + `SELECT count(*) FROM ins`),
-		// Notification payloads are destinations ("exchange:X",
-		// "queue:Q"); each process wakes its own consumers of the queues
-		// it knows to be bound to them.
+		// The same in the caller's transaction (DeliverTx), also returning
+		// that transaction's id for the commit watcher.
 		txSQL: n.expand(insertCTE + `SELECT count(*), pg_current_xact_id()::text FROM ins`),
 		// The row is locked only for this statement (SKIP LOCKED: a row
 		// another consumer is claiming right now is passed over, never
@@ -191,6 +196,10 @@ func newSchemaAdapter(n names, lease time.Duration) schemaAdapter {
 		// snapshot bookkeeping, so a row committed late with a lower id,
 		// or a transaction open elsewhere, never holds back the rows
 		// behind it.
+		ackSQL:     n.expand(`WITH ` + asyncCommit + ` DELETE FROM {messages} AS m USING cfg WHERE m.id = $1 AND m.deliveries = $2`),
+		ackTxSQL:   n.expand(`DELETE FROM {messages} WHERE id = $1 AND deliveries = $2`),
+		moveSQL:    n.expand(`WITH ` + asyncCommit + ` UPDATE {messages} AS m SET visible_at = now() + make_interval(secs => $3) FROM cfg WHERE m.id = $1 AND m.deliveries = $2`),
+		nextDueSQL: n.expand(`SELECT extract(epoch FROM min(visible_at) - now())::float8 FROM {messages} WHERE queue = $1`),
 		claimSQL: n.expand(`WITH ` + asyncCommit + `, c AS (
     SELECT id FROM {messages}
     WHERE queue = $1 AND visible_at <= now()

@@ -137,7 +137,7 @@ func (s *subscription) idleWait(ctx context.Context) time.Duration {
 	qctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	var next sql.NullFloat64
-	err := s.t.sqlDB.QueryRowContext(qctx, s.t.n.expand(`SELECT extract(epoch FROM min(visible_at) - now())::float8 FROM {messages} WHERE queue = $1`), s.queue).Scan(&next)
+	err := s.t.sqlDB.QueryRowContext(qctx, s.t.schema.nextDueSQL, s.queue).Scan(&next)
 	if err == nil && next.Valid {
 		wait = min(wait, max(time.Duration(next.Float64*float64(time.Second))+5*time.Millisecond, 5*time.Millisecond))
 	}
@@ -221,7 +221,7 @@ func (s *subscription) handle(ctx context.Context, c *claimed) bool {
 func (s *subscription) exec(query string, args ...any) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	res, err := s.t.sqlDB.ExecContext(ctx, s.t.n.expand(query), args...)
+	res, err := s.t.sqlDB.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -236,7 +236,7 @@ func (s *subscription) ack(c *claimed) {
 	if c.ackedInTx.Load() {
 		return // deleted by the handler's own transaction (AckTx)
 	}
-	n, err := s.exec(`WITH `+asyncCommit+` DELETE FROM {messages} AS m USING cfg WHERE m.id = $1 AND m.deliveries = $2`, c.id, c.deliveries)
+	n, err := s.exec(s.t.schema.ackSQL, c.id, c.deliveries)
 	switch {
 	case err != nil:
 		s.log.Warn("postgres transport: ack failed; the message will be redelivered after its lease", "message_id", c.msg.UUID, "row", c.id, "error", err)
@@ -245,23 +245,22 @@ func (s *subscription) ack(c *claimed) {
 	}
 }
 
+// release makes the row visible again after delay (a nack, or a message
+// claimed but not handed out).
 func (s *subscription) release(c *claimed, delay time.Duration) {
-	n, err := s.exec(`WITH `+asyncCommit+` UPDATE {messages} AS m SET visible_at = now() + make_interval(secs => $3) FROM cfg WHERE m.id = $1 AND m.deliveries = $2`,
-		c.id, c.deliveries, delay.Seconds())
-	switch {
-	case err != nil:
-		s.log.Warn("postgres transport: releasing a message failed; it will be redelivered after its lease", "message_id", c.msg.UUID, "row", c.id, "error", err)
-	case n == 0:
-		s.leaseLost(c)
-	}
+	s.move(c, delay, "postgres transport: releasing a message failed; it will be redelivered after its lease")
 }
 
+// extend pushes the lease forward while the handler runs.
 func (s *subscription) extend(c *claimed) {
-	n, err := s.exec(`WITH `+asyncCommit+` UPDATE {messages} AS m SET visible_at = now() + make_interval(secs => $3) FROM cfg WHERE m.id = $1 AND m.deliveries = $2`,
-		c.id, c.deliveries, s.t.cfg.Lease.Seconds())
+	s.move(c, s.t.cfg.Lease, "postgres transport: extending a lease failed")
+}
+
+func (s *subscription) move(c *claimed, after time.Duration, failure string) {
+	n, err := s.exec(s.t.schema.moveSQL, c.id, c.deliveries, after.Seconds())
 	switch {
 	case err != nil:
-		s.log.Warn("postgres transport: extending a lease failed", "message_id", c.msg.UUID, "row", c.id, "error", err)
+		s.log.Warn(failure, "message_id", c.msg.UUID, "row", c.id, "error", err)
 	case n == 0:
 		s.leaseLost(c)
 	}

@@ -2,10 +2,12 @@ package transport
 
 import (
 	"context"
+	"maps"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -46,4 +48,24 @@ type Transport interface {
 	Health(ctx context.Context) error
 	// Close stops consuming and publishing and releases connections.
 	Close() error
+}
+
+// Headers returns the headers a transport without message properties of
+// its own (in-process, PostgreSQL) delivers m with: m's headers plus its id,
+// type, content type and correlation id under their wire names (empty ones
+// left out). room is how many more entries the caller will add.
+func Headers(m *outbox.Message, room int) map[string]string {
+	h := make(map[string]string, len(m.Headers)+4+room)
+	maps.Copy(h, m.Headers)
+	for k, v := range map[string]string{
+		wire.HeaderMessageID:     m.MessageID,
+		wire.HeaderMessageType:   m.MessageType,
+		wire.HeaderContentType:   m.ContentType,
+		wire.HeaderCorrelationID: m.CorrelationID,
+	} {
+		if v != "" {
+			h[k] = v
+		}
+	}
+	return h
 }
