@@ -925,3 +925,28 @@ func TestPostgresAckTxCommitsWithTheEffects(t *testing.T) {
 		t.Errorf("AckTx of a foreign message: %v %v", acked, err)
 	}
 }
+
+// TestPostgresPlainSQLProducerFansOutByBindings: docs/transports.md tells
+// producers without BareWire to insert one row per queue bound to a type,
+// found in the bindings table. Every endpoint consuming the type gets it.
+func TestPostgresPlainSQLProducerFansOutByBindings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tr := e.start(t, pgtransport.Config{}, nil, endpoints(t, map[string][]string{"sql-a": {"Sold"}, "sql-b": {"Sold"}, "sql-c": {"Other"}})...)
+	err := e.db.Exec(`INSERT INTO `+e.prefix+`queue_messages (queue, message_id, metadata, payload)
+SELECT queue, ?, CAST(? AS json), ? FROM `+e.prefix+`bindings WHERE exchange = ?`,
+		"sold-1", `{"BW-MessageType":"Sold","content-type":"application/json"}`, []byte(`{"sku":"X"}`), "Sold").Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"sql-a", "sql-b"} {
+		m := recv(t, subscribe(t, tr, t.Context(), q))
+		if m.UUID != "sold-1" || m.Metadata.Get(wire.HeaderMessageType) != "Sold" || string(m.Payload) != `{"sku":"X"}` {
+			t.Errorf("%s got %s %v %q", q, m.UUID, m.Metadata, m.Payload)
+		}
+		m.Ack()
+	}
+	if n := queueLen(t, tr, "sql-c"); n != 0 {
+		t.Errorf("an endpoint of another type got %d rows", n)
+	}
+}
