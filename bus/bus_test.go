@@ -699,4 +699,3 @@ func TestHandlerTimeoutStillDeadLetters(t *testing.T) {
 		t.Fatalf("an endpoint with HandlerTimeout must still dead-letter; stats %+v", b.Stats())
 	}
 }
-
