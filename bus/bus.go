@@ -330,6 +330,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 	b.state = 2
 	b.stopTelemetry()
 	var errs []error
+	b.gate.close() // waits for the database or a transport end; consumers drain
 	closed := make(chan error, 1)
 	go func() { closed <- b.router.Close() }()
 	select {
@@ -341,7 +342,6 @@ func (b *Bus) Stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
 	}
 	b.cancel()
-	b.gate.close()
 	b.bg.Wait()
 	// Flush what committed transactions left in the outbox, within ctx.
 	for ctx.Err() == nil {
