@@ -23,9 +23,6 @@ type Raw struct {
 	Body        []byte
 }
 
-// maxIDLen bounds message ids so that they fit the inbox key.
-const maxIDLen = 200
-
 // TxFromContext returns the GORM transaction a consumer runs in (the one the
 // inbox marks in and the outbox writes to), or nil when ctx carries none.
 // Do every database write of a consumer through it: with the embedded
@@ -183,9 +180,6 @@ func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Me
 	if m.MessageID == "" {
 		m.MessageID = wire.NewID()
 	}
-	if len(m.MessageID) > maxIDLen {
-		return nil, fmt.Errorf("%w: message-id is %d bytes; at most %d", ErrInvalidMessage, len(m.MessageID), maxIDLen)
-	}
 	switch v := msg.(type) {
 	case Raw:
 		m.Payload = v.Body
@@ -237,5 +231,19 @@ func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Me
 	if len(h) > 0 {
 		m.Headers = h
 	}
+	// Refuse here what a transport or store could not carry later: at
+	// relay time it would fail (or, on AMQP, close the connection) again
+	// and again, long after the caller could have been told.
+	if err := wire.Validate(m, wire.Edge); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
 	return m, nil
+}
+
+// DroppedCorrelationID logs, at debug level, an incoming correlation id that
+// messages published by the consumer do not inherit because a publish would
+// refuse it (the endpoint package calls it).
+func (p consumerPublisher) DroppedCorrelationID(ctx context.Context, d *endpoint.Delivery, reason error) {
+	p.b.log.DebugContext(ctx, "incoming correlation id not inherited by a follow-up publish",
+		"message_id", d.MessageID, "endpoint", d.Endpoint, "reason", reason)
 }
