@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 
+	"github.com/barewire-go/barewire/internal/rabbit"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -34,3 +35,7 @@ func IdleForTest(b *Bus) bool {
 func DeliverForTest(b *Bus, m *outbox.Message) error {
 	return b.tr.Deliver(context.Background(), []*outbox.Message{m})[0]
 }
+
+// RabbitConnectsForTest returns how many connections the bus's RabbitMQ
+// transport has made (1 + reconnects).
+func RabbitConnectsForTest(b *Bus) int64 { return b.tr.(*rabbit.Transport).Connects() }

@@ -188,8 +188,9 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	var ok, down []int64
 	var delivered []*Message
 	type failure struct {
-		id  int64
-		err error
+		id     int64
+		err    error
+		parkAt int // attempts after which the row is parked
 	}
 	var failed []failure
 	for i, m := range msgs {
@@ -199,8 +200,10 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 			delivered = append(delivered, m)
 		case errors.Is(e, ErrTransportUnavailable) || ctx.Err() != nil:
 			down = append(down, m.ID)
+		case errors.Is(e, ErrUndeliverable):
+			failed = append(failed, failure{m.ID, e, 1})
 		default:
-			failed = append(failed, failure{m.ID, e})
+			failed = append(failed, failure{m.ID, e, r.MaxAttempts})
 		}
 	}
 	// Settle with a context that survives shutdown: confirmed rows must be
@@ -222,8 +225,8 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 		retry := retryDelay(m.Attempts + 1)
 		r.Logger.WarnContext(ctx, "outbox: delivery failed", "message_id", m.MessageID, "outbox_id", m.ID,
 			"message_type", m.MessageType, "destination", m.Destination,
-			"attempt", m.Attempts+1, "max_attempts", r.MaxAttempts, "error", f.err)
-		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, r.MaxAttempts); err != nil {
+			"attempt", m.Attempts+1, "max_attempts", f.parkAt, "error", f.err)
+		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, f.parkAt); err != nil {
 			settleErr = errors.Join(settleErr, fmt.Errorf("release failed row: %w", err))
 		}
 	}
