@@ -20,7 +20,7 @@ const (
 	DefaultRetention         = 7 * 24 * time.Hour
 	DefaultCleanupInterval   = time.Hour
 	DefaultMaxAttempts       = 10
-	DefaultLease             = 30 * time.Second
+	DefaultLease             = time.Minute
 	DefaultRelayWorkers      = 2
 )
 
@@ -39,7 +39,8 @@ type Relay struct {
 	// Workers is how many batches are in flight at once. Defaults to 2.
 	Workers int
 	// Lease is how long a claimed batch is reserved; a relay that dies
-	// mid-batch releases its rows when the lease expires. Defaults to 30s.
+	// mid-batch releases its rows when the lease expires. Keep it at least
+	// twice the transport's publish timeout. Defaults to 1m.
 	Lease time.Duration
 	// MaxAttempts parks a row after this many failed deliveries.
 	MaxAttempts int
