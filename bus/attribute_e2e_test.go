@@ -2,10 +2,12 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/bus"
@@ -73,5 +75,116 @@ func TestRabbitUnencodableOutboxRowParkedNeighboursDelivered(t *testing.T) {
 	}
 	if n := bus.RabbitConnectsForTest(b); n != 1 {
 		t.Errorf("the transport connected %d times; want 1 (the bad row must not close the connection)", n)
+	}
+}
+
+// TestRabbitDeadLetterExchangeUnroutableFallsBackToErrorQueue: a dead letter
+// to Queue.DeadLetterExchange that no queue is bound to receive used to be
+// published non-mandatory, vanish, and the original be acked: the message
+// was lost. Now it is returned, and goes to the endpoint's error queue with
+// BW-Fault-Unroutable; a routable one still reaches the exchange's queue.
+func TestRabbitDeadLetterExchangeUnroutableFallsBackToErrorQueue(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("Doomed")
+	dlx := env.typ("dead-letters")
+	routed := env.q("dead-routed")
+	q := env.q("doomed")
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
+			e.Queue.DeadLetterExchange = dlx
+			e.Queue.DeadLetterRoutingKey = "routed"
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				return endpoint.Permanent(errors.New("doomed"))
+			}, endpoint.AsMessageType(typ))
+		})
+	})...)
+	ch, err := env.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	// The exchange exists, but nothing is bound to it yet.
+	if err := ch.ExchangeDeclare(dlx, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	get := func(queue string) amqp.Delivery {
+		var msg amqp.Delivery
+		waitFor(t, func() bool {
+			m, ok, err := ch.Get(queue, true)
+			if err != nil {
+				t.Fatalf("get %s: %v", queue, err)
+			}
+			msg = m
+			return ok
+		})
+		return msg
+	}
+	ctx := context.Background()
+	if err := b.Publish(ctx, PaymentReceived{PaymentID: "x"}, bus.Headers{bus.HeaderMessageType: typ, bus.HeaderMessageID: "doomed-1"}); err != nil {
+		t.Fatal(err)
+	}
+	msg := get(q + "_error")
+	if msg.MessageId != "doomed-1" {
+		t.Errorf("error queue holds %q; want doomed-1", msg.MessageId)
+	}
+	if u, _ := msg.Headers[bus.HeaderFaultUnroutable].(string); !strings.Contains(u, dlx) {
+		t.Errorf("%s = %q; want it to name the exchange %s", bus.HeaderFaultUnroutable, u, dlx)
+	}
+	if r, _ := msg.Headers[bus.HeaderFaultReason].(string); !strings.Contains(r, "doomed") {
+		t.Errorf("fault reason = %q", r)
+	}
+
+	// Once a queue is bound, dead letters go to the exchange as configured.
+	if _, err := ch.QueueDeclare(routed, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(routed, "routed", dlx, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, PaymentReceived{PaymentID: "y"}, bus.Headers{bus.HeaderMessageType: typ, bus.HeaderMessageID: "doomed-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if msg := get(routed); msg.MessageId != "doomed-2" || msg.Headers[bus.HeaderFaultUnroutable] != nil {
+		t.Errorf("routed dead letter %q with headers %v", msg.MessageId, msg.Headers)
+	}
+}
+
+// TestRabbitHugeErrorTextStillDeadLetters: a consumer error whose text is
+// larger than an AMQP frame must not make the dead letter unsendable (and
+// so the message requeued forever): the fault reason is truncated.
+func TestRabbitHugeErrorTextStillDeadLetters(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("Verbose")
+	q := env.q("verbose")
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				return endpoint.Permanent(errors.New("verbose: " + strings.Repeat("e", 300_000)))
+			}, endpoint.AsMessageType(typ))
+		})
+	})...)
+	if err := b.Publish(context.Background(), PaymentReceived{}, bus.Headers{bus.HeaderMessageType: typ, bus.HeaderMessageID: "verbose-1"}); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := env.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	var msg amqp.Delivery
+	waitFor(t, func() bool {
+		m, ok, err := ch.Get(q+"_error", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg = m
+		return ok
+	})
+	r, _ := msg.Headers[bus.HeaderFaultReason].(string)
+	if !strings.HasPrefix(r, "consumer") || !strings.HasSuffix(r, "(truncated)") || len(r) > 4096 {
+		t.Errorf("fault reason of %d bytes: %.60q...", len(r), r)
 	}
 }

@@ -58,6 +58,9 @@ const (
 	HeaderFaultTime       = wire.HeaderFaultTime
 	HeaderFaultExchange   = wire.HeaderFaultExchange
 	HeaderFaultRoutingKey = wire.HeaderFaultRoutingKey
+	// HeaderFaultUnroutable says why a dead letter is in the error queue
+	// rather than in the endpoint's DeadLetterExchange (it routed nowhere).
+	HeaderFaultUnroutable = wire.HeaderFaultUnroutable
 	// HeaderRedeliveryCount counts delayed redeliveries (Endpoint.Redelivery).
 	HeaderRedeliveryCount = wire.HeaderRedeliveryCount
 	// HeaderDestination is where a received message was sent

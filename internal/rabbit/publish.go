@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -242,6 +243,9 @@ type ReturnedError struct {
 	Text       string
 }
 
+// Unwrap makes the error match transport.ErrUnroutable.
+func (e *ReturnedError) Unwrap() error { return transport.ErrUnroutable }
+
 func (e *ReturnedError) Error() string {
 	dest := fmt.Sprintf("exchange %q with routing key %q", e.Exchange, e.RoutingKey)
 	if e.Exchange == "" {
@@ -269,6 +273,17 @@ type job struct {
 // wrapping outbox.ErrTransportUnavailable mean the broker did not judge the
 // message.
 func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	return t.deliver(ctx, msgs, t.cfg.Mandatory)
+}
+
+// DeliverMandatory is Deliver with every publish mandatory: a message no
+// queue receives fails with a *ReturnedError (wrapping
+// transport.ErrUnroutable) instead of vanishing. Dead letters use it.
+func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message) []error {
+	return t.deliver(ctx, msgs, true)
+}
+
+func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandatory bool) []error {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
 		return errs
@@ -317,7 +332,7 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 				errs[i] = fmt.Errorf("rabbitmq: message %q: %w", m.MessageID, err)
 				continue
 			}
-			j.exchange, j.key, j.mandatory = name, m.RoutingKey, t.cfg.Mandatory
+			j.exchange, j.key, j.mandatory = name, m.RoutingKey, mandatory
 		default:
 			j.exchange, j.key, j.mandatory = "", name, true
 		}

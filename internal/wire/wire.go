@@ -34,6 +34,9 @@ const (
 	HeaderFaultTime       = "BW-Fault-Time"
 	HeaderFaultExchange   = "BW-Fault-Exchange"
 	HeaderFaultRoutingKey = "BW-Fault-RoutingKey"
+	// HeaderFaultUnroutable is set on a dead letter that went to the error
+	// queue because the endpoint's dead-letter exchange routed it nowhere.
+	HeaderFaultUnroutable = "BW-Fault-Unroutable"
 
 	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
 	HeaderRedeliveryCount = "BW-Redelivery-Count"
