@@ -120,3 +120,36 @@ func TestInheritedCorrelationIDThatCannotBeCarriedIsDropped(t *testing.T) {
 		t.Fatal("no follow-up message")
 	}
 }
+
+// TestDeadLetterExchangeUnroutableInProcess: on the embedded default a dead
+// letter to a Queue.DeadLetterExchange nothing is bound to used to vanish;
+// it goes to the error queue with BW-Fault-Unroutable instead.
+func TestDeadLetterExchangeUnroutableInProcess(t *testing.T) {
+	t.Parallel()
+	got := make(chan endpoint.Headers, 1)
+	b := start(t, quiet(),
+		bus.ReceiveEndpoint("dlx-doomed", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
+			e.Queue.DeadLetterExchange = "dlx-nowhere"
+			endpoint.Consumer(e, func(context.Context, *endpoint.Context[PaymentReceived]) error {
+				return endpoint.Permanent(errors.New("doomed"))
+			})
+		}),
+		bus.ReceiveEndpoint("dlx-doomed_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(_ context.Context, d *endpoint.Delivery) error {
+				got <- d.Headers
+				return nil
+			})
+		}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case h := <-got:
+		if !strings.Contains(h[bus.HeaderFaultUnroutable], "dlx-nowhere") {
+			t.Errorf("%s = %q; want it to name dlx-nowhere", bus.HeaderFaultUnroutable, h[bus.HeaderFaultUnroutable])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dead letter vanished")
+	}
+}
