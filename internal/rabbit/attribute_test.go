@@ -127,6 +127,9 @@ func TestBrokerRefusalChargesOnlyTheRefusedMessage(t *testing.T) {
 		if i == 10 || i == 30 {
 			msgs = append(msgs, &outbox.Message{MessageID: fmt.Sprintf("refused-%d", i), Destination: "exchange:" + forbidden})
 		}
+		if i == 30 { // two refused in a row: the second must not be judged on the first's closing channel
+			msgs = append(msgs, &outbox.Message{MessageID: "refused-31", Destination: "exchange:" + forbidden})
+		}
 	}
 	errs := tr.Deliver(context.Background(), msgs)
 	charged := 0

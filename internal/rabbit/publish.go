@@ -497,6 +497,7 @@ func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
 			continue
 		}
 		if p != nil && p.isDead() {
+			_ = p.ch.Close()
 			p = nil
 		}
 		if j.exchange != "" {
@@ -528,6 +529,9 @@ func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
 		if errors.As(errs[j.i], &cre) {
 			errs[j.i] = fmt.Errorf("rabbitmq: broker refused message %q to exchange %q with routing key %q (it closed the channel): %w",
 				j.pub.MessageId, j.exchange, j.key, cre.reason)
+			// The channel is closing, whether or not the publisher has
+			// noticed yet: the next message must not be judged on it.
+			p = nil
 		}
 	}
 }
