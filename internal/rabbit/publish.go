@@ -271,7 +271,9 @@ type job struct {
 // message's routing key; "queue:Q" goes to queue Q through the default
 // exchange as a mandatory publish, so a missing queue is an error. Errors
 // wrapping outbox.ErrTransportUnavailable mean the broker did not judge the
-// message.
+// message; errors wrapping outbox.ErrUndeliverable, that it cannot be
+// encoded (checked before any frame is written). A refusal that closes the
+// channel is charged to the refused message only (see isolate).
 func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
 	return t.deliver(ctx, msgs, t.cfg.Mandatory)
 }
@@ -308,6 +310,7 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 	}
 
 	now := time.Now()
+	rules := wire.Rules{MaxHeaderBytes: t.maxHeaderBytes()}
 	jobs := make([]*job, 0, len(msgs))
 	for i, m := range msgs {
 		if m == nil {
@@ -317,7 +320,7 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 		// amqp091 closes the whole connection over a frame it cannot
 		// encode (a short string over 255 bytes): refuse such a message
 		// alone, before any frame is written.
-		if err := wire.Validate(m, wire.Rules{MaxHeaderBytes: t.maxHeaderBytes()}); err != nil {
+		if err := wire.Validate(m, rules); err != nil {
 			errs[i] = fmt.Errorf("%w: rabbitmq: message %q: %w", outbox.ErrUndeliverable, m.MessageID, err)
 			continue
 		}
