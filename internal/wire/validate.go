@@ -2,7 +2,6 @@ package wire
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"unicode/utf8"
 
@@ -49,10 +48,6 @@ type InvalidError struct {
 
 func (e *InvalidError) Error() string { return e.Field + " " + e.Problem }
 
-// propertyHeaders are headers that a transport with message properties
-// (RabbitMQ) carries as a short-string property when the field is empty.
-var propertyHeaders = []string{HeaderCorrelationID, HeaderContentType, HeaderMessageType}
-
 // Validate returns an *InvalidError for the first field of m that r says
 // cannot be carried, checked in a fixed order, or nil. It never modifies m.
 func Validate(m *outbox.Message, r Rules) error {
@@ -76,35 +71,51 @@ func Validate(m *outbox.Message, r Rules) error {
 		}
 	}
 	if kind, name := ParseDestination(m.Destination); m.Destination != "" {
-		if err := text(kind+" name", name, MaxShortString, r.Store); err != nil {
+		field := "queue name"
+		if kind == "exchange" {
+			field = "exchange name"
+		}
+		if err := text(field, name, MaxShortString, r.Store); err != nil {
 			return err
 		}
 	}
-	// Sorted, so that the error names the same header every time.
-	keys := make([]string, 0, len(m.Headers))
-	for k := range m.Headers {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if err := text("header key", k, MaxShortString, r.Store); err != nil {
-			return err
+	// The error names the smallest bad key, so that it is the same every
+	// time (without sorting on the success path).
+	var bad error
+	badKey := ""
+	for k, v := range m.Headers {
+		if bad != nil && k >= badKey {
+			continue
 		}
-		if err := text(fmt.Sprintf("header %q", k), m.Headers[k], 0, r.Store); err != nil {
-			return err
+		if err := header(k, v, r.Store); err != nil {
+			bad, badKey = err, k
 		}
 	}
-	for _, k := range propertyHeaders {
-		if v, ok := m.Headers[k]; ok {
-			if err := text(fmt.Sprintf("header %q", k), v, MaxShortString, false); err != nil {
-				return err
-			}
-		}
+	if bad != nil {
+		return bad
 	}
 	if r.MaxHeaderBytes > 0 {
 		if n := PropertiesSize(m); n > r.MaxHeaderBytes {
 			return &InvalidError{Field: "headers", Problem: fmt.Sprintf("take %d bytes; at most %d (properties and headers travel in one AMQP frame)", n, r.MaxHeaderBytes)}
 		}
+	}
+	return nil
+}
+
+// header checks one header: the key is a short string, and a value carried
+// as a short-string property must be one too.
+func header(k, v string, store bool) error {
+	if err := text("header key", k, MaxShortString, store); err != nil {
+		return err
+	}
+	limit := 0
+	switch k {
+	case HeaderCorrelationID, HeaderContentType, HeaderMessageType:
+		limit = MaxShortString
+	}
+	if err := text("header", v, limit, store); err != nil {
+		err.(*InvalidError).Field = fmt.Sprintf("header %q", k)
+		return err
 	}
 	return nil
 }

@@ -80,3 +80,15 @@ func TestTruncate(t *testing.T) {
 		t.Fatalf("cut inside a rune: %q", got)
 	}
 }
+
+// BenchmarkValidate: the cost the edge rules add to every publish.
+func BenchmarkValidate(b *testing.B) {
+	m := &outbox.Message{MessageID: "0b9f5a4e-6a4c-4a43-9a59-0d2a3c6b1f7e", Destination: "exchange:OrderAccepted",
+		MessageType: "OrderAccepted", ContentType: "application/json", CorrelationID: "order-42",
+		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant": "acme"}}
+	for b.Loop() {
+		if err := wire.Validate(m, wire.Edge); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
