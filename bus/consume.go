@@ -389,7 +389,7 @@ func redeliveries(ep *endpoint.Endpoint, msg *message.Message, err error) (int, 
 func (b *Bus) redeliver(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, n int, cause error) error {
 	m := copyOf(msg, wire.QueuePrefix+ep.DelayQueue(ep.Redelivery[n]))
 	m.Headers[wire.HeaderRedeliveryCount] = strconv.Itoa(n + 1)
-	m.Headers[wire.HeaderFaultReason] = cause.Error()
+	m.Headers[wire.HeaderFaultReason] = wire.Truncate(cause.Error(), maxFaultReason)
 	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
 }
 
@@ -428,7 +428,7 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 		m.RoutingKey = ep.Queue.DeadLetterRoutingKey
 	}
 	h := m.Headers
-	h[wire.HeaderFaultReason] = cause.Error()
+	h[wire.HeaderFaultReason] = wire.Truncate(cause.Error(), maxFaultReason)
 	h[wire.HeaderFaultType] = errorType(cause)
 	h[wire.HeaderFaultEndpoint] = ep.Name()
 	h[wire.HeaderFaultAttempts] = strconv.Itoa(attempts)
@@ -443,9 +443,9 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 	}
 	var pe *PanicError
 	if errors.As(cause, &pe) {
-		h[wire.HeaderFaultStack] = pe.Stack
+		h[wire.HeaderFaultStack] = wire.Truncate(pe.Stack, maxFaultStack)
 	}
-	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+	return b.deliverDeadLetter(ctx, ep, m)
 }
 
 func errorType(err error) string {

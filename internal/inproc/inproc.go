@@ -162,6 +162,16 @@ func (t *Transport) later(r delayRoute, it *item) {
 
 // Deliver routes each message; a send to an unknown queue fails.
 func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
+	return t.route(msgs, false)
+}
+
+// DeliverMandatory is Deliver where a message to an exchange no queue is
+// bound to fails (wrapping transport.ErrUnroutable) instead of vanishing.
+func (t *Transport) DeliverMandatory(_ context.Context, msgs []*outbox.Message) []error {
+	return t.route(msgs, true)
+}
+
+func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 	errs := make([]error, len(msgs))
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -180,6 +190,10 @@ func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
 		}
 		if kind == "exchange" {
 			targets = t.bindings[name]
+			if mandatory && len(targets) == 0 {
+				errs[i] = fmt.Errorf("inproc: message %q to exchange %q reached no queue: %w", m.MessageID, name, transport.ErrUnroutable)
+				continue
+			}
 		} else {
 			if _, ok := t.queues[name]; !ok {
 				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
