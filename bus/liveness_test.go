@@ -565,8 +565,10 @@ func TestStopDuringDatabaseOutage(t *testing.T) {
 	if d := time.Since(began); d > 5*time.Second {
 		t.Fatalf("Stop took %v during a database outage; want the waiting delivery handed back at once", d)
 	}
-	if s := b.Stats(); s.Requeued != 1 || s.Consumed != 0 {
-		t.Fatalf("stats %+v; want the waiting delivery handed back (Requeued 1)", s)
+	// Requeued may exceed 1: the in-process transport hands the message
+	// straight back until its subscription closes.
+	if s := b.Stats(); s.Requeued < 1 || s.Consumed != 0 {
+		t.Fatalf("stats %+v; want the waiting delivery handed back, not consumed", s)
 	}
 	select {
 	case <-ran:
