@@ -134,3 +134,34 @@ func Example_deadLetter() {
 	// dead_lettered after 2 attempts: card declined
 	// fault endpoint: billing
 }
+
+// One consumer alone: run it on a message in a transaction, no endpoints,
+// and look at what it wrote and published.
+func ExampleConsume() {
+	test(func(t bustest.T) {
+		// snippet:start consume
+		h := bustest.New(t) // no endpoints: a database and an outbox
+		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		bill := func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+			if err := bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error; err != nil {
+				return err
+			}
+			return c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil)
+		}
+		res := bustest.Consume(h, bill, OrderPlaced{ID: "5"}, nil)
+		fmt.Println("error:", res.Err)
+		for _, p := range res.Published {
+			fmt.Println("published", p.MessageType, "to", p.Destination, "committed:", p.Committed)
+		}
+		var n int64
+		h.Bus.DB().Model(&Invoice{}).Count(&n)
+		fmt.Println("invoices:", n)
+		// snippet:end consume
+	})
+	// Output:
+	// error: <nil>
+	// published InvoiceIssued to exchange:InvoiceIssued committed: true
+	// invoices: 1
+}

@@ -26,6 +26,8 @@ type Invoice struct {
 	OrderID string `gorm:"primaryKey"`
 }
 
+// snippet:start declarations
+
 // orders is a service's declarations: billing writes an invoice and
 // publishes InvoiceIssued through the outbox; mail consumes it.
 func orders(retry endpoint.RetryPolicy) []bus.Option {
@@ -44,6 +46,8 @@ func orders(retry endpoint.RetryPolicy) []bus.Option {
 		}),
 	}
 }
+
+// snippet:end declarations
 
 func start(t *testing.T, retry endpoint.RetryPolicy) *bustest.Harness {
 	t.Helper()
@@ -228,6 +232,7 @@ func TestTimedOutWaitReportsWhatHappened(t *testing.T) {
 		t.Fatal("the wait did not fail")
 	}
 	rep := ft.errs[0]
+	t.Log(rep)
 	for _, want := range []string{"waiting for 1 consumed OrderPlaced", "billing  OrderPlaced  dead_lettered", "no such table"} {
 		if !strings.Contains(rep, want) {
 			t.Errorf("report lacks %q:\n%s", want, rep)

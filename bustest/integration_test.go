@@ -37,6 +37,7 @@ func TestOnRabbitMQAndPostgres(t *testing.T) {
 			_ = sqlDB.Close()
 		}
 	})
+	// snippet:start real-services
 	h := bustest.New(t,
 		bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix }),
 		bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
@@ -57,6 +58,7 @@ func TestOnRabbitMQAndPostgres(t *testing.T) {
 	bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint(billing))
 	pub := bustest.Published[InvoiceIssued](h, bustest.Relayed(), bustest.ToDestination(mail))
 	got := bustest.Consumed[InvoiceIssued](h, bustest.OnEndpoint(mail))
+	// snippet:end real-services
 	if got.MessageID != pub.MessageID || got.Message.OrderID != "r1" {
 		t.Fatalf("mail consumed %+v, published %+v", got.Record, pub.Record)
 	}
