@@ -26,7 +26,9 @@ const (
 	// in a transaction that has not necessarily committed yet (Outbox true;
 	// Parent names the delivery whose transaction it is, if any).
 	EventPublished
-	// EventRelayed: the relay had an outbox row confirmed by the transport.
+	// EventRelayed: the relay had an outbox row confirmed by the transport,
+	// or (Outbox false) the PostgreSQL transport saw the transaction that
+	// wrote the message commit.
 	EventRelayed
 	// EventSettled: the embedded transport settled a delivery (acked or
 	// handed back) or released a delayed one; Backlog may have dropped.
@@ -65,8 +67,9 @@ type Event struct {
 	Headers map[string]string
 	Body    []byte
 	// Outbox says a published message went to the outbox, not straight to
-	// the transport.
-	Outbox bool
+	// the transport; InTx that it was written in a transaction (an outbox
+	// row, or the PostgreSQL transport's table) that may still roll back.
+	Outbox, InTx bool
 	// ParentEndpoint, ParentID and ParentAttempt name the delivery (and
 	// its in-process attempt) in whose transaction a consumer published.
 	ParentEndpoint, ParentID string
@@ -162,12 +165,12 @@ func (t *telemetry) emitHandled(ep, typ, id string, h map[string]string, body []
 }
 
 // emitPublished reports a message Publish/Send accepted.
-func (t *telemetry) emitPublished(ctx context.Context, m *outbox.Message, viaOutbox bool) {
+func (t *telemetry) emitPublished(ctx context.Context, m *outbox.Message, viaOutbox, inTx bool) {
 	if len(t.observers) == 0 {
 		return
 	}
 	ev := Event{Kind: EventPublished, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
-		Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: viaOutbox}
+		Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: viaOutbox, InTx: inTx}
 	if o := observationFrom(ctx); o != nil {
 		// attempts counts finished attempts: this is the next one.
 		ev.ParentEndpoint, ev.ParentID, ev.ParentAttempt = o.endpoint, o.messageID, int(o.attempts.Load())+1
@@ -179,5 +182,14 @@ func (t *telemetry) emitRelayed(msgs []*outbox.Message) {
 	for _, m := range msgs {
 		t.emit(Event{Kind: EventRelayed, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
 			Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: true})
+	}
+}
+
+// emitCommitted reports messages the PostgreSQL transport wrote in
+// transactions that have committed.
+func (t *telemetry) emitCommitted(msgs []*outbox.Message) {
+	for _, m := range msgs {
+		t.emit(Event{Kind: EventRelayed, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
+			Headers: maps.Clone(m.Headers), Body: m.Payload})
 	}
 }

@@ -375,7 +375,7 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		} else {
-			t.emitPublished(ctx, m, viaOutbox && !direct)
+			t.emitPublished(ctx, m, viaOutbox && !direct, viaOutbox)
 			if !viaOutbox {
 				// Outbox rows count when the relay has them confirmed
 				// (instrumentRelay): a rolled-back transaction publishes nothing.
@@ -389,6 +389,7 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 // countCommitted counts the messages the PostgreSQL transport wrote in
 // transactions that have committed (publishing with no outbox row).
 func (t *telemetry) countCommitted(msgs []*outbox.Message) {
+	t.emitCommitted(msgs)
 	for _, m := range msgs {
 		_, dest := wire.ParseDestination(m.Destination)
 		t.published.Add(context.Background(), 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))

@@ -69,7 +69,7 @@ func Consume[T any](h *Harness, fn endpoint.HandleFunc[T], msg T, headers bus.He
 	defer h.mu.Unlock()
 	res := Result{Err: fnErr}
 	for _, r := range h.records[from:] {
-		if r.Kind == KindPublished && r.Outbox && r.ParentID == "" {
+		if r.Kind == KindPublished && r.inTx && r.ParentID == "" {
 			r.Committed, r.RolledBack = fnErr == nil, fnErr != nil
 			res.Published = append(res.Published, *r)
 		}

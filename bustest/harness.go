@@ -84,6 +84,8 @@ type Record struct {
 	// from a consumer; ParentAttempt its attempt.
 	ParentEndpoint, ParentID string
 	ParentAttempt            int
+
+	inTx bool // written in a transaction: committed only when it is known to have committed
 }
 
 // Decode unmarshals the record's body (JSON, the bus's default serializer)
@@ -204,7 +206,7 @@ func (h *Harness) observe(ev bus.Event) {
 			// Settle what the delivery's consumers wrote to the outbox: the
 			// last attempt's rows committed with it, earlier ones rolled back.
 			for _, r := range h.records {
-				if r.Kind != KindPublished || !r.Outbox || r.ParentID != ev.MessageID || r.ParentEndpoint != ev.Endpoint || r.Committed || r.RolledBack {
+				if r.Kind != KindPublished || !r.inTx || r.ParentID != ev.MessageID || r.ParentEndpoint != ev.Endpoint || r.Committed || r.RolledBack {
 					continue
 				}
 				if ev.Outcome == bus.OutcomeCommitted && r.ParentAttempt == ev.Attempt {
@@ -216,17 +218,18 @@ func (h *Harness) observe(ev bus.Event) {
 		}
 	case bus.EventPublished:
 		add(&Record{Kind: KindPublished, Time: ev.Time, MessageType: ev.MessageType, MessageID: ev.MessageID,
-			Destination: ev.Destination, Headers: ev.Headers, Body: ev.Body, Outbox: ev.Outbox, Committed: !ev.Outbox,
+			Destination: ev.Destination, Headers: ev.Headers, Body: ev.Body, Outbox: ev.Outbox, Committed: !ev.InTx, inTx: ev.InTx,
 			ParentEndpoint: ev.ParentEndpoint, ParentID: ev.ParentID, ParentAttempt: ev.ParentAttempt})
 	case bus.EventRelayed:
 		found := false
 		for _, r := range h.records {
-			if r.Kind == KindPublished && r.Outbox && !r.Relayed && !r.RolledBack && r.MessageID == ev.MessageID && r.Destination == ev.Destination {
-				r.Relayed, r.Committed, found = true, true, true
+			if r.Kind == KindPublished && r.inTx && r.Outbox == ev.Outbox && !r.Relayed && !r.RolledBack &&
+				r.MessageID == ev.MessageID && r.Destination == ev.Destination {
+				r.Relayed, r.Committed, found = ev.Outbox, true, true
 				break
 			}
 		}
-		if !found { // a row written before the harness started
+		if !found && ev.Outbox { // a row written before the harness started
 			add(&Record{Kind: KindPublished, Time: ev.Time, MessageType: ev.MessageType, MessageID: ev.MessageID,
 				Destination: ev.Destination, Headers: ev.Headers, Body: ev.Body, Outbox: true, Committed: true, Relayed: true})
 		}

@@ -2,6 +2,7 @@ package bustest_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -82,5 +83,69 @@ func deleteQueues(t *testing.T, url string, names ...string) {
 	for _, q := range names {
 		_, _ = ch.QueueDelete(q, false, false, false)
 		_, _ = ch.QueueDelete(q+"_error", false, false, false)
+	}
+}
+
+// On the PostgreSQL transport a consumer's publish is written to the
+// transport's table in its transaction (no outbox row): the harness counts
+// it once the delivery committed.
+func TestOnPostgresTransport(t *testing.T) {
+	t.Parallel()
+	db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "bt_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "") + "_"
+	t.Cleanup(func() { // after the harness stopped
+		for _, tbl := range []string{"inbox", "outbox", "queue_messages", "queues", "bindings"} {
+			db.Exec(`DROP TABLE IF EXISTS ` + prefix + tbl)
+		}
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	h := bustest.New(t,
+		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
+			p.TablePrefix = prefix
+			p.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+				e.Retry = endpoint.Immediate(1)
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+					if err := c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil); err != nil {
+						return err
+					}
+					if c.Attempt == 1 { // rolls back what it just wrote
+						return errors.New("first attempt fails")
+					}
+					return nil
+				})
+			})
+			p.ReceiveEndpoint("mail", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
+			})
+		}),
+		bus.WithOutboxOptions(func(o *outbox.Options) { o.TablePrefix = prefix }),
+	)
+	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "p1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	pub := bustest.Published[InvoiceIssued](h)
+	if pub.Outbox || !pub.Committed || pub.ParentEndpoint != "billing" {
+		t.Fatalf("publication %+v", pub.Record)
+	}
+	bustest.Consumed[InvoiceIssued](h, bustest.OnEndpoint("mail"), bustest.WithID(pub.MessageID))
+	h.WaitIdle()
+	var committed, rolledBack int
+	for _, r := range h.Records() {
+		if r.Kind == bustest.KindPublished && r.MessageType == "InvoiceIssued" {
+			if r.Committed {
+				committed++
+			}
+			if r.RolledBack {
+				rolledBack++
+			}
+		}
+	}
+	if committed != 1 || rolledBack != 1 {
+		t.Fatalf("%d committed, %d rolled back; want 1 and 1\n%s", committed, rolledBack, h.Report())
 	}
 }

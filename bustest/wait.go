@@ -289,8 +289,12 @@ func (h *Harness) Report() string {
 
 func pubState(r *Record) string {
 	switch {
-	case !r.Outbox:
+	case !r.Outbox && r.Committed:
 		return "sent"
+	case !r.Outbox && r.RolledBack:
+		return "in a transaction, rolled back"
+	case !r.Outbox:
+		return "in a transaction"
 	case r.Relayed:
 		return "outbox, relayed"
 	case r.RolledBack:
