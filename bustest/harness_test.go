@@ -226,8 +226,9 @@ func TestTimedOutWaitReportsWhatHappened(t *testing.T) {
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "no table"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	h.Timeout = 300 * time.Millisecond
 	// The invoices table does not exist: billing dead-letters the order.
+	bustest.DeadLettered[OrderPlaced](h)
+	h.Timeout = 100 * time.Millisecond
 	if !fatalOf(func() { bustest.Consumed[OrderPlaced](h) }) {
 		t.Fatal("the wait did not fail")
 	}
