@@ -93,6 +93,8 @@ type Bus struct {
 	outboxSt outbox.Store
 	relay    *outbox.Relay
 	router   *message.Router
+	// wakeRelay is relay for wake, which consumers call while Stop holds mu.
+	wakeRelay atomic.Pointer[outbox.Relay]
 
 	mu         sync.Mutex
 	state      int // 0 new, 1 started, 2 stopped
@@ -319,6 +321,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		b.relay.Notifier = n
 	}
 	b.instrumentRelay(b.relay)
+	b.wakeRelay.Store(b.relay)
 	b.bg.Go(func() { b.relay.Run(runCtx) })
 	b.bg.Go(func() {
 		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)

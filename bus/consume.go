@@ -445,6 +445,10 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 	if errors.As(cause, &pe) {
 		h[wire.HeaderFaultStack] = wire.Truncate(pe.Stack, maxFaultStack)
 	}
+	if o := observationFrom(ctx); o != nil {
+		fh := maps.Clone(h)
+		o.faultHeaders.Store(&fh)
+	}
 	return b.deliverDeadLetter(ctx, ep, m)
 }
 

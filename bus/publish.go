@@ -96,10 +96,8 @@ func (b *Bus) Transaction(ctx context.Context, fn func(tx *gorm.DB) error) error
 }
 
 func (b *Bus) wake() {
-	b.mu.Lock()
-	r := b.relay
-	b.mu.Unlock()
-	if r != nil {
+	// Not b.mu: Stop holds it while it waits for the consumers that call this.
+	if r := b.wakeRelay.Load(); r != nil {
 		r.Wake()
 	}
 }
