@@ -1,0 +1,456 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/saga"
+)
+
+// Counter is the test saga: N counts the events applied to it.
+type Counter struct {
+	saga.State
+	N int
+}
+
+type Started struct{ ID string }
+type Bumped struct{ ID, Key string }
+type Failing struct{ ID string }
+type Stopped struct{ ID string }
+
+// Noted is what a bump publishes; a second endpoint records each one.
+type Noted struct{ ID, Key string }
+
+type note struct {
+	MessageID string `gorm:"primaryKey;size:200"`
+	Key       string
+}
+
+// world is one test's saga, its tables and its buses.
+type world struct {
+	m        *saga.Machine[Counter]
+	db       *gorm.DB // the buses' shared database (nil: each bus's own embedded one)
+	table    string
+	notes    string
+	prefix   string
+	attempts atomic.Int64 // bump steps run, re-applies after conflicts included
+	faults   chan string
+}
+
+func quiet() bus.Option { return bus.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) }
+
+func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
+	t.Helper()
+	s := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	w := &world{table: "saga_counter_" + s, notes: "saga_notes_" + s, prefix: "sagat_" + s + "_", faults: make(chan string, 16)}
+	if pg {
+		db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.db = db
+		t.Cleanup(func() {
+			for _, tbl := range []string{w.table, w.notes, w.prefix + "inbox", w.prefix + "outbox"} {
+				db.Exec(`DROP TABLE IF EXISTS "` + tbl + `"`)
+			}
+			if sqlDB, err := db.DB(); err == nil {
+				_ = sqlDB.Close()
+			}
+		})
+	}
+	m, err := saga.New("counter", func(m *saga.Machine[Counter]) {
+		active := m.State("Active")
+		started := saga.NewEvent(m, func(e Started) string { return e.ID })
+		bumped := saga.NewEvent(m, func(e Bumped) string { return e.ID })
+		failing := saga.NewEvent(m, func(e Failing) string { return e.ID })
+		stopped := saga.NewEvent(m, func(e Stopped) string { return e.ID })
+		bump := func(b *saga.EventBehavior[Counter, Bumped]) *saga.EventBehavior[Counter, Bumped] {
+			return b.Then(func(ctx context.Context, c *saga.Context[Counter, Bumped]) error {
+				w.attempts.Add(1)
+				c.Instance.N++
+				return nil
+			}).Publish(func(c *saga.Context[Counter, Bumped]) any { return Noted{ID: c.Message.ID, Key: c.Message.Key} })
+		}
+		m.Initially(
+			saga.When(started).TransitionTo(active),
+			bump(saga.When(bumped)).TransitionTo(active),
+		)
+		m.During(active,
+			bump(saga.When(bumped)),
+			saga.When(failing).
+				Publish(func(c *saga.Context[Counter, Failing]) any { return Noted{ID: c.Message.ID, Key: "from-failing"} }).
+				Then(func(ctx context.Context, c *saga.Context[Counter, Failing]) error {
+					c.Instance.N += 100
+					return endpoint.Permanent(errors.New("payment provider refused"))
+				}),
+			saga.When(stopped).Finalize(),
+		)
+	}, append([]saga.Option{saga.WithTable(w.table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.m = m
+	return w
+}
+
+func (w *world) declare(c *endpoint.Endpoints) {
+	c.ReceiveEndpoint("sagas", func(e *endpoint.Endpoint) {
+		saga.Register(e, w.m)
+		e.Retry = endpoint.Immediate(10)
+	})
+	c.ReceiveEndpoint("notes", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Noted]) error {
+			return bus.TxFromContext(ctx).Table(w.notes).Create(&note{MessageID: c.MessageID, Key: c.Message.Key}).Error
+		})
+	})
+	c.ReceiveEndpoint("sagas_error", func(e *endpoint.Endpoint) {
+		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+			w.faults <- d.Headers["BW-Fault-Reason"]
+			return nil
+		})
+	})
+}
+
+// start runs a bus on w's database (or its own embedded one) and migrates.
+func (w *world) start(t *testing.T) *bus.Bus {
+	t.Helper()
+	opts := []bus.Option{quiet(), bus.WithEndpoints(w.declare)}
+	if w.db != nil {
+		opts = append(opts, bus.WithOutbox(w.db, func(o *outbox.Options) { o.TablePrefix = w.prefix }))
+	}
+	b, err := bus.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	if w.db == nil {
+		w.db = b.DB()
+	}
+	if err := saga.Migrate(ctx, w.db, w.m); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.db.Table(w.notes).AutoMigrate(&note{}); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func publish(t *testing.T, b *bus.Bus, msg any, id string) {
+	t.Helper()
+	if err := b.Publish(context.Background(), msg, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// settled waits until the buses have settled n deliveries of the saga and
+// notes endpoints (consumed, skipped as duplicates, or dead-lettered).
+func settled(t *testing.T, n int64, bs ...*bus.Bus) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int64
+		for _, b := range bs {
+			s := b.Stats()
+			got += s.Consumed + s.Duplicates + s.DeadLettered
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d deliveries settled within 30s", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (w *world) get(t *testing.T, id string) *Counter {
+	t.Helper()
+	c, err := w.m.Get(context.Background(), w.db, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (w *world) noteKeys(t *testing.T) []string {
+	t.Helper()
+	var ns []note
+	if err := w.db.Table(w.notes).Order("key").Find(&ns).Error; err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, len(ns))
+	for i, n := range ns {
+		keys[i] = n.Key
+	}
+	return keys
+}
+
+func modes(t *testing.T, run func(t *testing.T, pg bool, opts ...saga.Option)) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		for _, mode := range []string{"optimistic", "pessimistic"} {
+			t.Run(db+"/"+mode, func(t *testing.T) {
+				var opts []saga.Option
+				if mode == "pessimistic" {
+					opts = append(opts, saga.Pessimistic())
+				}
+				run(t, db == "postgres", opts...)
+			})
+		}
+	}
+}
+
+// TestRedeliveredEventAppliesOnce: the same event (same message id)
+// published again after its transition committed changes nothing and
+// publishes nothing.
+func TestRedeliveredEventAppliesOnce(t *testing.T) {
+	modes(t, func(t *testing.T, pg bool, opts ...saga.Option) {
+		w := newWorld(t, pg, opts...)
+		b := w.start(t)
+		id := "c-" + uuid.NewString()
+		publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
+		settled(t, 2, b) // the bump and its note
+		publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
+		settled(t, 3, b)
+		if err := b.Send(context.Background(), "sagas", Bumped{ID: id, Key: "a"}, bus.Headers{bus.HeaderMessageID: "m1"}); err != nil {
+			t.Fatal(err)
+		}
+		settled(t, 4, b)
+		if s := b.Stats(); s.Duplicates != 2 {
+			t.Errorf("duplicates = %d, want 2", s.Duplicates)
+		}
+		c := w.get(t, id)
+		if c.N != 1 || c.Version != 1 || c.CurrentState != "Active" {
+			t.Errorf("instance after a re-published event: N=%d version=%d state=%s, want 1, 1, Active", c.N, c.Version, c.CurrentState)
+		}
+		if keys := w.noteKeys(t); len(keys) != 1 {
+			t.Errorf("notes %v, want one", keys)
+		}
+	})
+}
+
+// TestFailingTransitionLeavesNothing: a transition that publishes and then
+// fails leaves no message and no change to the instance.
+func TestFailingTransitionLeavesNothing(t *testing.T) {
+	modes(t, func(t *testing.T, pg bool, opts ...saga.Option) {
+		w := newWorld(t, pg, opts...)
+		b := w.start(t)
+		id := "c-" + uuid.NewString()
+		publish(t, b, Bumped{ID: id, Key: "first"}, uuid.NewString())
+		settled(t, 2, b)
+		publish(t, b, Failing{ID: id}, uuid.NewString())
+		if reason := <-w.faults; !strings.Contains(reason, "payment provider refused") {
+			t.Errorf("fault reason %q", reason)
+		}
+		// A later bump's note arrives after anything the failed one
+		// could have sent (one relay, FIFO).
+		publish(t, b, Bumped{ID: id, Key: "second"}, uuid.NewString())
+		settled(t, 6, b) // 2 bumps, 2 notes, the failure and its dead letter
+		c := w.get(t, id)
+		if c.N != 2 || c.Version != 2 {
+			t.Errorf("instance: N=%d version=%d, want 2 and 2 (the failed transition changed it)", c.N, c.Version)
+		}
+		if keys := w.noteKeys(t); strings.Join(keys, ",") != "first,second" {
+			t.Errorf("notes %v, want [first second]: the failed transition's publish left", keys)
+		}
+	})
+}
+
+// TestUnhandledEventPolicy: by default an event the state does not handle
+// is dead-lettered with a reason naming event and state; with
+// IgnoreUnhandled it is acknowledged and changes nothing.
+func TestUnhandledEventPolicy(t *testing.T) {
+	t.Run("fault", func(t *testing.T) {
+		w := newWorld(t, false)
+		b := w.start(t)
+		publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
+		reason := <-w.faults
+		if !strings.Contains(reason, "Failing for instance \"nobody\": no instance exists and Initially does not handle it") {
+			t.Errorf("reason %q", reason)
+		}
+		publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		publish(t, b, Started{ID: "s1"}, uuid.NewString()) // a second start, in Active
+		reason = <-w.faults
+		if !strings.Contains(reason, `event not handled: Started in state "Active" (instance "s1")`) {
+			t.Errorf("reason %q", reason)
+		}
+	})
+	t.Run("ignore", func(t *testing.T) {
+		w := newWorld(t, false, saga.OnUnhandled(saga.IgnoreUnhandled))
+		b := w.start(t)
+		publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
+		publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		settled(t, 3, b)
+		if s := b.Stats(); s.DeadLettered != 0 || s.Consumed != 3 {
+			t.Errorf("stats %+v, want 3 consumed, none dead-lettered", s)
+		}
+		if _, err := w.m.Get(context.Background(), w.db, "nobody"); !errors.Is(err, saga.ErrNotFound) {
+			t.Errorf("an ignored event created an instance: %v", err)
+		}
+		if c := w.get(t, "s1"); c.Version != 1 {
+			t.Errorf("version %d after an ignored event, want 1", c.Version)
+		}
+	})
+}
+
+// TestFinalize: finalized instances are deleted by default, kept with
+// KeepFinalized (then deleted by DeleteFinalized), and listed by state.
+func TestFinalize(t *testing.T) {
+	ctx := context.Background()
+	t.Run("deleted", func(t *testing.T) {
+		w := newWorld(t, false)
+		b := w.start(t)
+		publish(t, b, Started{ID: "f1"}, uuid.NewString())
+		settled(t, 1, b)
+		publish(t, b, Stopped{ID: "f1"}, uuid.NewString())
+		settled(t, 2, b)
+		if _, err := w.m.Get(ctx, w.db, "f1"); !errors.Is(err, saga.ErrNotFound) {
+			t.Errorf("finalized instance still there: %v", err)
+		}
+	})
+	t.Run("kept", func(t *testing.T) {
+		w := newWorld(t, false, saga.KeepFinalized())
+		b := w.start(t)
+		for _, id := range []string{"k1", "k2", "k3"} {
+			publish(t, b, Started{ID: id}, uuid.NewString())
+		}
+		settled(t, 3, b)
+		publish(t, b, Stopped{ID: "k1"}, uuid.NewString())
+		publish(t, b, Stopped{ID: "k2"}, uuid.NewString())
+		settled(t, 5, b)
+		final, err := w.m.List(ctx, w.db, saga.Final, 10)
+		if err != nil || len(final) != 2 {
+			t.Fatalf("List(Final) = %d instances, %v; want 2", len(final), err)
+		}
+		active, err := w.m.List(ctx, w.db, "Active", 10)
+		if err != nil || len(active) != 1 || active[0].CorrelationID != "k3" {
+			t.Fatalf("List(Active) = %v, %v; want k3", active, err)
+		}
+		if _, err := w.m.List(ctx, w.db, "", 0); err == nil || !strings.Contains(err.Error(), "limit 0") {
+			t.Errorf("List limit 0: %v", err)
+		}
+		if n, err := w.m.DeleteFinalized(ctx, w.db, time.Hour, 1); err != nil || n != 0 {
+			t.Errorf("DeleteFinalized within retention: %d, %v", n, err)
+		}
+		if n, err := w.m.DeleteFinalized(ctx, w.db, 0, 1); err != nil || n != 2 {
+			t.Errorf("DeleteFinalized in batches of 1: %d, %v; want 2", n, err)
+		}
+		if c := w.get(t, "k3"); c.CurrentState != "Active" {
+			t.Errorf("k3 in %s", c.CurrentState)
+		}
+	})
+}
+
+// TestConcurrentBurstOneInstance: a burst of events for one instance,
+// delivered concurrently by 3 buses on one PostgreSQL database (and each
+// also delivered a second time, to another bus), ends where a serial run
+// ends: every event applied once, one note published per event.
+func TestConcurrentBurstOneInstance(t *testing.T) {
+	for _, mode := range []string{"optimistic", "pessimistic"} {
+		t.Run(mode, func(t *testing.T) {
+			var opts []saga.Option
+			if mode == "pessimistic" {
+				opts = append(opts, saga.Pessimistic())
+			}
+			w := newWorld(t, true, opts...)
+			buses := []*bus.Bus{w.start(t), w.start(t), w.start(t)}
+			const events = 60
+			id := "burst-" + uuid.NewString()
+			var wg sync.WaitGroup
+			for i := range events {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					msgID := fmt.Sprintf("bump-%d", i)
+					publish(t, buses[i%3], Bumped{ID: id, Key: msgID}, msgID)
+					publish(t, buses[(i+1)%3], Bumped{ID: id, Key: msgID}, msgID) // a duplicate, elsewhere
+				}()
+			}
+			wg.Wait()
+			settled(t, 3*events, buses...) // 2 deliveries and 1 note per event
+			for _, b := range buses {
+				if err := b.Stop(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := w.get(t, id)
+			if c.N != events || c.Version != events || c.CurrentState != "Active" {
+				t.Errorf("instance after the burst: N=%d version=%d state=%s; a serial run gives %d, %d, Active", c.N, c.Version, c.CurrentState, events, events)
+			}
+			if keys := w.noteKeys(t); len(keys) != events {
+				t.Errorf("%d notes, want %d (a re-applied transition published twice)", len(keys), events)
+			}
+			t.Logf("%s: %d events, %d applies (%d re-applied after a conflict)", mode, events, w.attempts.Load(), w.attempts.Load()-events)
+		})
+	}
+}
+
+// TestDefinitionErrors: mistakes in a definition come back from New, all
+// at once, each naming what is wrong.
+func TestDefinitionErrors(t *testing.T) {
+	type plain struct{ ID string }
+	_, err := saga.New("bad", func(m *saga.Machine[plain]) {})
+	if !errors.Is(err, saga.ErrInvalidMachine) || !strings.Contains(err.Error(), "must be a struct that embeds saga.State") {
+		t.Errorf("model without State: %v", err)
+	}
+	_, err = saga.New("bad", func(m *saga.Machine[Counter]) {
+		a := m.State("A")
+		m.State("A")
+		m.State("")
+		ev := saga.NewEvent(m, func(e Started) string { return e.ID })
+		saga.NewEvent(m, func(e Started) string { return e.ID })
+		saga.NewEvent[Counter, Bumped](m, nil)
+		m.During("Nowhere", saga.When(ev))
+		m.Initially(saga.When(ev).TransitionTo("Undeclared"), saga.When(ev).TransitionTo(a).Then(nil))
+	}, saga.MaxConflictRetries(-1), saga.OnUnhandled(7))
+	for _, want := range []string{
+		`state "A" is declared twice`,
+		`state "": a state name must have 1-100 characters`,
+		`event Started is declared twice`,
+		`NewEvent[Bumped]: correlate function is nil`,
+		`During("Nowhere"): undeclared state`,
+		`TransitionTo("Undeclared"): undeclared state`,
+		`When(Started).Then: function is nil`,
+		`MaxConflictRetries(-1): must be within 0-100`,
+		`OnUnhandled(7)`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+}
+
+// TestBadCorrelationID: an event whose correlation id is empty or too long
+// is dead-lettered with the limit in the reason.
+func TestBadCorrelationID(t *testing.T) {
+	w := newWorld(t, false)
+	b := w.start(t)
+	publish(t, b, Started{ID: ""}, uuid.NewString())
+	if r := <-w.faults; !strings.Contains(r, "empty correlation id") {
+		t.Errorf("reason %q", r)
+	}
+	publish(t, b, Started{ID: strings.Repeat("x", 201)}, uuid.NewString())
+	if r := <-w.faults; !strings.Contains(r, "correlation id has 201 bytes; the limit is 200") {
+		t.Errorf("reason %q", r)
+	}
+}
