@@ -38,8 +38,9 @@ type Stopped struct{ ID string }
 type Noted struct{ ID, Key string }
 
 type note struct {
-	MessageID string `gorm:"primaryKey;size:200"`
-	Key       string
+	MessageID     string `gorm:"primaryKey;size:200"`
+	Key           string
+	CorrelationID string
 }
 
 // world is one test's saga, its tables and its buses.
@@ -99,8 +100,16 @@ func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
 					c.Instance.N += 100
 					return endpoint.Permanent(errors.New("payment provider refused"))
 				}),
-			saga.When(stopped).Finalize(),
+			saga.When(stopped).
+				Send("notes", func(c *saga.Context[Counter, Stopped]) any { return Noted{ID: c.Message.ID, Key: "sent"} }).
+				Finalize(),
 		)
+		m.Finally(func(ctx context.Context, c *saga.Context[Counter, any]) error {
+			if c.State().CurrentState != string(saga.Final) {
+				return fmt.Errorf("Finally ran in state %s", c.State().CurrentState)
+			}
+			return c.Publish(ctx, Noted{ID: c.State().CorrelationID, Key: "finally"}, nil)
+		})
 	}, append([]saga.Option{saga.WithTable(w.table)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +125,7 @@ func (w *world) declare(c *endpoint.Endpoints) {
 	})
 	c.ReceiveEndpoint("notes", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Noted]) error {
-			return bus.TxFromContext(ctx).Table(w.notes).Create(&note{MessageID: c.MessageID, Key: c.Message.Key}).Error
+			return bus.TxFromContext(ctx).Table(w.notes).Create(&note{MessageID: c.MessageID, Key: c.Message.Key, CorrelationID: c.CorrelationID}).Error
 		})
 	})
 	c.ReceiveEndpoint("sagas_error", func(e *endpoint.Endpoint) {
@@ -245,6 +254,12 @@ func TestRedeliveredEventAppliesOnce(t *testing.T) {
 		if keys := w.noteKeys(t); len(keys) != 1 {
 			t.Errorf("notes %v, want one", keys)
 		}
+		// The event carried no correlation-id: what the transition
+		// published carries the instance's.
+		var n note
+		if err := w.db.Table(w.notes).Take(&n).Error; err != nil || n.CorrelationID != id {
+			t.Errorf("published note's correlation id %q (%v), want the instance's %q", n.CorrelationID, err, id)
+		}
 	})
 }
 
@@ -323,7 +338,10 @@ func TestFinalize(t *testing.T) {
 		publish(t, b, Started{ID: "f1"}, uuid.NewString())
 		settled(t, 1, b)
 		publish(t, b, Stopped{ID: "f1"}, uuid.NewString())
-		settled(t, 2, b)
+		settled(t, 4, b) // start, stop, and the two notes it sent and published
+		if keys := w.noteKeys(t); strings.Join(keys, ",") != "finally,sent" {
+			t.Errorf("notes %v, want the Send step's and Finally's", keys)
+		}
 		if _, err := w.m.Get(ctx, w.db, "f1"); !errors.Is(err, saga.ErrNotFound) {
 			t.Errorf("finalized instance still there: %v", err)
 		}
@@ -337,7 +355,7 @@ func TestFinalize(t *testing.T) {
 		settled(t, 3, b)
 		publish(t, b, Stopped{ID: "k1"}, uuid.NewString())
 		publish(t, b, Stopped{ID: "k2"}, uuid.NewString())
-		settled(t, 5, b)
+		settled(t, 9, b) // 5 events, 4 notes
 		final, err := w.m.List(ctx, w.db, saga.Final, 10)
 		if err != nil || len(final) != 2 {
 			t.Fatalf("List(Final) = %d instances, %v; want 2", len(final), err)
