@@ -24,9 +24,19 @@ type eventBinding[S any] struct {
 
 // NewEvent declares that messages of type M drive m; correlate returns the
 // correlation id of the instance a message belongs to (a field of the
-// message, typically). The message type name is endpoint.TypeNameOf[M].
-func NewEvent[S, M any](m *Machine[S], correlate func(msg M) string) *Event[S, M] {
-	ev := &Event[S, M]{m: m, typ: endpoint.TypeNameOf[M](), correlate: correlate}
+// message, typically). The message type name is endpoint.TypeNameOf[M];
+// endpoint.AsMessageType among opts overrides it (a .NET service's type
+// name, say). The consumer's name is always "saga:<machine>".
+func NewEvent[S, M any](m *Machine[S], correlate func(msg M) string, opts ...endpoint.ConsumerOption) *Event[S, M] {
+	r := &endpoint.Registration{MessageType: endpoint.TypeNameOf[M]()}
+	var copts []endpoint.ConsumerOption
+	for _, o := range opts {
+		if o != nil {
+			o(r)
+			copts = append(copts, o)
+		}
+	}
+	ev := &Event[S, M]{m: m, typ: r.MessageType, correlate: correlate}
 	switch {
 	case correlate == nil:
 		m.fail("NewEvent[%s]: correlate function is nil", ev.typ)
@@ -42,7 +52,7 @@ func NewEvent[S, M any](m *Machine[S], correlate func(msg M) string) *Event[S, M
 	m.events[ev.typ] = eventBinding[S]{register: func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[M]) error {
 			return m.handle(ctx, c.Delivery, ev.typ, c.Message, correlate(c.Message))
-		}, m.consumerName())
+		}, append(copts, endpoint.AsMessageType(ev.typ), m.consumerName())...)
 	}}
 	return ev
 }

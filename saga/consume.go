@@ -21,15 +21,18 @@ import (
 // together with the inbox's processed mark, or not at all.
 func Register[S any](e *endpoint.Endpoint, m *Machine[S]) {
 	if m == nil {
-		// Registering a nil function makes the endpoint report a
-		// configuration error from bus.New.
-		endpoint.Consumer[struct{}](e, nil)
+		// The endpoint's builder takes errors only from its own calls: a
+		// nil consumer of a type named for the mistake makes bus.New
+		// report "Consumer[saga.machineIsNil]: consumer function is nil".
+		endpoint.Consumer[machineIsNil](e, nil)
 		return
 	}
 	for _, ev := range m.events {
 		ev.register(e)
 	}
 }
+
+type machineIsNil struct{}
 
 // savepoint is the name of the savepoint each attempt at a transition runs
 // under; a conflict rolls back to it, which also discards the outbox rows

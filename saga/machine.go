@@ -25,11 +25,14 @@ import (
 // The columns are correlation_id (primary key), current_state (indexed),
 // version (optimistic concurrency), created_at and updated_at.
 type State struct {
-	CorrelationID string    `gorm:"primaryKey;size:200" json:"correlationId"`
-	CurrentState  string    `gorm:"size:100;not null;index" json:"currentState"`
-	Version       int       `gorm:"not null" json:"version"`
-	CreatedAt     time.Time `json:"createdAt"`
-	UpdatedAt     time.Time `json:"updatedAt"`
+	CorrelationID string `gorm:"primaryKey;size:200" json:"correlationId"`
+	CurrentState  string `gorm:"size:100;not null;index" json:"currentState"`
+	Version       int    `gorm:"not null" json:"version"`
+	// The machine sets both, in UTC (GORM's own time tracking is off for
+	// them): DeleteFinalized compares updated_at with a UTC cutoff, and
+	// SQLite compares timestamps as text.
+	CreatedAt time.Time `gorm:"autoCreateTime:false" json:"createdAt"`
+	UpdatedAt time.Time `gorm:"autoUpdateTime:false" json:"updatedAt"`
 }
 
 // SagaState returns s; a model that embeds State gets it promoted, which is

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/bus"
@@ -52,15 +53,52 @@ type world struct {
 	prefix   string
 	attempts atomic.Int64 // bump steps run, re-applies after conflicts included
 	faults   chan string
+
+	// On RabbitMQ the queues and the Bumped type get names of their own.
+	amqpURL       string
+	sagas, notesQ string
+	bumpedType    string
+}
+
+func backend(pg bool) string {
+	if pg {
+		return "postgres"
+	}
+	return "sqlite"
 }
 
 func quiet() bus.Option { return bus.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) }
 
-func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
+// newWorld makes a world on backend: "sqlite" (each bus's embedded
+// database), "postgres" (the in-process transport, tables in PostgreSQL)
+// or "rabbitmq" (RabbitMQ, tables in PostgreSQL).
+func newWorld(t *testing.T, backend string, opts ...saga.Option) *world {
 	t.Helper()
 	s := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	w := &world{table: "saga_counter_" + s, notes: "saga_notes_" + s, prefix: "sagat_" + s + "_", faults: make(chan string, 16)}
-	if pg {
+	w := &world{table: "saga_counter_" + s, notes: "saga_notes_" + s, prefix: "sagat_" + s + "_", faults: make(chan string, 16),
+		sagas: "sagas", notesQ: "notes", bumpedType: "Bumped"}
+	if backend == "rabbitmq" {
+		w.amqpURL = testenv.AMQPURL(t)
+		w.sagas, w.notesQ, w.bumpedType = "sagas-"+s, "notes-"+s, "Bumped-"+s
+		t.Cleanup(func() {
+			conn, err := amqp.Dial(w.amqpURL)
+			if err != nil {
+				t.Errorf("cleanup: %v", err)
+				return
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Errorf("cleanup: %v", err)
+				return
+			}
+			for _, q := range []string{w.sagas, w.sagas + "_error", w.notesQ, w.notesQ + "_error"} {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+			_ = ch.ExchangeDelete(w.bumpedType, false, false)
+		})
+	}
+	if backend != "sqlite" {
 		db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
 		if err != nil {
 			t.Fatal(err)
@@ -78,7 +116,7 @@ func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
 	m, err := saga.New("counter", func(m *saga.Machine[Counter]) {
 		active := m.State("Active")
 		started := saga.NewEvent(m, func(e Started) string { return e.ID })
-		bumped := saga.NewEvent(m, func(e Bumped) string { return e.ID })
+		bumped := saga.NewEvent(m, func(e Bumped) string { return e.ID }, endpoint.AsMessageType(w.bumpedType))
 		failing := saga.NewEvent(m, func(e Failing) string { return e.ID })
 		stopped := saga.NewEvent(m, func(e Stopped) string { return e.ID })
 		bump := func(b *saga.EventBehavior[Counter, Bumped]) *saga.EventBehavior[Counter, Bumped] {
@@ -101,7 +139,7 @@ func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
 					return endpoint.Permanent(errors.New("payment provider refused"))
 				}),
 			saga.When(stopped).
-				Send("notes", func(c *saga.Context[Counter, Stopped]) any { return Noted{ID: c.Message.ID, Key: "sent"} }).
+				Send(w.notesQ, func(c *saga.Context[Counter, Stopped]) any { return Noted{ID: c.Message.ID, Key: "sent"} }).
 				Finalize(),
 		)
 		m.Finally(func(ctx context.Context, c *saga.Context[Counter, any]) error {
@@ -119,16 +157,16 @@ func newWorld(t *testing.T, pg bool, opts ...saga.Option) *world {
 }
 
 func (w *world) declare(c *endpoint.Endpoints) {
-	c.ReceiveEndpoint("sagas", func(e *endpoint.Endpoint) {
+	c.ReceiveEndpoint(w.sagas, func(e *endpoint.Endpoint) {
 		saga.Register(e, w.m)
 		e.Retry = endpoint.Immediate(10)
 	})
-	c.ReceiveEndpoint("notes", func(e *endpoint.Endpoint) {
+	c.ReceiveEndpoint(w.notesQ, func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Noted]) error {
 			return bus.TxFromContext(ctx).Table(w.notes).Create(&note{MessageID: c.MessageID, Key: c.Message.Key, CorrelationID: c.CorrelationID}).Error
 		})
 	})
-	c.ReceiveEndpoint("sagas_error", func(e *endpoint.Endpoint) {
+	c.ReceiveEndpoint(w.sagas+"_error", func(e *endpoint.Endpoint) {
 		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
 			w.faults <- d.Headers["BW-Fault-Reason"]
 			return nil
@@ -140,6 +178,9 @@ func (w *world) declare(c *endpoint.Endpoints) {
 func (w *world) start(t *testing.T) *bus.Bus {
 	t.Helper()
 	opts := []bus.Option{quiet(), bus.WithEndpoints(w.declare)}
+	if w.amqpURL != "" {
+		opts = []bus.Option{quiet(), bus.WithRabbitMQ(w.amqpURL, func(r *endpoint.RabbitMQ) { w.declare(&r.Endpoints) })}
+	}
 	if w.db != nil {
 		opts = append(opts, bus.WithOutbox(w.db, func(o *outbox.Options) { o.TablePrefix = w.prefix }))
 	}
@@ -164,9 +205,13 @@ func (w *world) start(t *testing.T) *bus.Bus {
 	return b
 }
 
-func publish(t *testing.T, b *bus.Bus, msg any, id string) {
+func (w *world) publish(t *testing.T, b *bus.Bus, msg any, id string) {
 	t.Helper()
-	if err := b.Publish(context.Background(), msg, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+	h := bus.Headers{bus.HeaderMessageID: id}
+	if _, ok := msg.(Bumped); ok {
+		h[bus.HeaderMessageType] = w.bumpedType
+	}
+	if err := b.Publish(context.Background(), msg, h); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -175,7 +220,7 @@ func publish(t *testing.T, b *bus.Bus, msg any, id string) {
 // notes endpoints (consumed, skipped as duplicates, or dead-lettered).
 func settled(t *testing.T, n int64, bs ...*bus.Bus) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var got int64
 		for _, b := range bs {
@@ -186,7 +231,7 @@ func settled(t *testing.T, n int64, bs ...*bus.Bus) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d deliveries settled within 30s", got, n)
+			t.Fatalf("%d of %d deliveries settled within 90s", got, n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -233,14 +278,14 @@ func modes(t *testing.T, run func(t *testing.T, pg bool, opts ...saga.Option)) {
 // publishes nothing.
 func TestRedeliveredEventAppliesOnce(t *testing.T) {
 	modes(t, func(t *testing.T, pg bool, opts ...saga.Option) {
-		w := newWorld(t, pg, opts...)
+		w := newWorld(t, backend(pg), opts...)
 		b := w.start(t)
 		id := "c-" + uuid.NewString()
-		publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
+		w.publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
 		settled(t, 2, b) // the bump and its note
-		publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
+		w.publish(t, b, Bumped{ID: id, Key: "a"}, "m1")
 		settled(t, 3, b)
-		if err := b.Send(context.Background(), "sagas", Bumped{ID: id, Key: "a"}, bus.Headers{bus.HeaderMessageID: "m1"}); err != nil {
+		if err := b.Send(context.Background(), w.sagas, Bumped{ID: id, Key: "a"}, bus.Headers{bus.HeaderMessageID: "m1", bus.HeaderMessageType: w.bumpedType}); err != nil {
 			t.Fatal(err)
 		}
 		settled(t, 4, b)
@@ -267,18 +312,18 @@ func TestRedeliveredEventAppliesOnce(t *testing.T) {
 // fails leaves no message and no change to the instance.
 func TestFailingTransitionLeavesNothing(t *testing.T) {
 	modes(t, func(t *testing.T, pg bool, opts ...saga.Option) {
-		w := newWorld(t, pg, opts...)
+		w := newWorld(t, backend(pg), opts...)
 		b := w.start(t)
 		id := "c-" + uuid.NewString()
-		publish(t, b, Bumped{ID: id, Key: "first"}, uuid.NewString())
+		w.publish(t, b, Bumped{ID: id, Key: "first"}, uuid.NewString())
 		settled(t, 2, b)
-		publish(t, b, Failing{ID: id}, uuid.NewString())
+		w.publish(t, b, Failing{ID: id}, uuid.NewString())
 		if reason := <-w.faults; !strings.Contains(reason, "payment provider refused") {
 			t.Errorf("fault reason %q", reason)
 		}
 		// A later bump's note arrives after anything the failed one
 		// could have sent (one relay, FIFO).
-		publish(t, b, Bumped{ID: id, Key: "second"}, uuid.NewString())
+		w.publish(t, b, Bumped{ID: id, Key: "second"}, uuid.NewString())
 		settled(t, 6, b) // 2 bumps, 2 notes, the failure and its dead letter
 		c := w.get(t, id)
 		if c.N != 2 || c.Version != 2 {
@@ -295,26 +340,26 @@ func TestFailingTransitionLeavesNothing(t *testing.T) {
 // IgnoreUnhandled it is acknowledged and changes nothing.
 func TestUnhandledEventPolicy(t *testing.T) {
 	t.Run("fault", func(t *testing.T) {
-		w := newWorld(t, false)
+		w := newWorld(t, "sqlite")
 		b := w.start(t)
-		publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
+		w.publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
 		reason := <-w.faults
 		if !strings.Contains(reason, "Failing for instance \"nobody\": no instance exists and Initially does not handle it") {
 			t.Errorf("reason %q", reason)
 		}
-		publish(t, b, Started{ID: "s1"}, uuid.NewString())
-		publish(t, b, Started{ID: "s1"}, uuid.NewString()) // a second start, in Active
+		w.publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		w.publish(t, b, Started{ID: "s1"}, uuid.NewString()) // a second start, in Active
 		reason = <-w.faults
 		if !strings.Contains(reason, `event not handled: Started in state "Active" (instance "s1")`) {
 			t.Errorf("reason %q", reason)
 		}
 	})
 	t.Run("ignore", func(t *testing.T) {
-		w := newWorld(t, false, saga.OnUnhandled(saga.IgnoreUnhandled))
+		w := newWorld(t, "sqlite", saga.OnUnhandled(saga.IgnoreUnhandled))
 		b := w.start(t)
-		publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
-		publish(t, b, Started{ID: "s1"}, uuid.NewString())
-		publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		w.publish(t, b, Failing{ID: "nobody"}, uuid.NewString())
+		w.publish(t, b, Started{ID: "s1"}, uuid.NewString())
+		w.publish(t, b, Started{ID: "s1"}, uuid.NewString())
 		settled(t, 3, b)
 		if s := b.Stats(); s.DeadLettered != 0 || s.Consumed != 3 {
 			t.Errorf("stats %+v, want 3 consumed, none dead-lettered", s)
@@ -333,11 +378,11 @@ func TestUnhandledEventPolicy(t *testing.T) {
 func TestFinalize(t *testing.T) {
 	ctx := context.Background()
 	t.Run("deleted", func(t *testing.T) {
-		w := newWorld(t, false)
+		w := newWorld(t, "sqlite")
 		b := w.start(t)
-		publish(t, b, Started{ID: "f1"}, uuid.NewString())
+		w.publish(t, b, Started{ID: "f1"}, uuid.NewString())
 		settled(t, 1, b)
-		publish(t, b, Stopped{ID: "f1"}, uuid.NewString())
+		w.publish(t, b, Stopped{ID: "f1"}, uuid.NewString())
 		settled(t, 4, b) // start, stop, and the two notes it sent and published
 		if keys := w.noteKeys(t); strings.Join(keys, ",") != "finally,sent" {
 			t.Errorf("notes %v, want the Send step's and Finally's", keys)
@@ -347,14 +392,19 @@ func TestFinalize(t *testing.T) {
 		}
 	})
 	t.Run("kept", func(t *testing.T) {
-		w := newWorld(t, false, saga.KeepFinalized())
+		// West of UTC, a local-time updated_at would sort before the UTC
+		// cutoff in SQLite's text timestamps and be deleted too early.
+		local := time.Local
+		time.Local = time.FixedZone("UTC-5", -5*3600)
+		t.Cleanup(func() { time.Local = local })
+		w := newWorld(t, "sqlite", saga.KeepFinalized())
 		b := w.start(t)
 		for _, id := range []string{"k1", "k2", "k3"} {
-			publish(t, b, Started{ID: id}, uuid.NewString())
+			w.publish(t, b, Started{ID: id}, uuid.NewString())
 		}
 		settled(t, 3, b)
-		publish(t, b, Stopped{ID: "k1"}, uuid.NewString())
-		publish(t, b, Stopped{ID: "k2"}, uuid.NewString())
+		w.publish(t, b, Stopped{ID: "k1"}, uuid.NewString())
+		w.publish(t, b, Stopped{ID: "k2"}, uuid.NewString())
 		settled(t, 9, b) // 5 events, 4 notes
 		final, err := w.m.List(ctx, w.db, saga.Final, 10)
 		if err != nil || len(final) != 2 {
@@ -382,15 +432,20 @@ func TestFinalize(t *testing.T) {
 // TestConcurrentBurstOneInstance: a burst of events for one instance,
 // delivered concurrently by 3 buses on one PostgreSQL database (and each
 // also delivered a second time, to another bus), ends where a serial run
-// ends: every event applied once, one note published per event.
+// ends: every event applied once, one note published per event. The 3
+// buses each have their own in-process transport, or compete for one
+// RabbitMQ queue.
 func TestConcurrentBurstOneInstance(t *testing.T) {
-	for _, mode := range []string{"optimistic", "pessimistic"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct{ backend, mode string }{
+		{"postgres", "optimistic"}, {"postgres", "pessimistic"}, {"rabbitmq", "optimistic"},
+	} {
+		mode := tc.mode
+		t.Run(tc.backend+"/"+mode, func(t *testing.T) {
 			var opts []saga.Option
 			if mode == "pessimistic" {
 				opts = append(opts, saga.Pessimistic())
 			}
-			w := newWorld(t, true, opts...)
+			w := newWorld(t, tc.backend, opts...)
 			buses := []*bus.Bus{w.start(t), w.start(t), w.start(t)}
 			const events = 60
 			id := "burst-" + uuid.NewString()
@@ -400,12 +455,17 @@ func TestConcurrentBurstOneInstance(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					msgID := fmt.Sprintf("bump-%d", i)
-					publish(t, buses[i%3], Bumped{ID: id, Key: msgID}, msgID)
-					publish(t, buses[(i+1)%3], Bumped{ID: id, Key: msgID}, msgID) // a duplicate, elsewhere
+					w.publish(t, buses[i%3], Bumped{ID: id, Key: msgID}, msgID)
+					w.publish(t, buses[(i+1)%3], Bumped{ID: id, Key: msgID}, msgID) // a duplicate, elsewhere
 				}()
 			}
 			wg.Wait()
 			settled(t, 3*events, buses...) // 2 deliveries and 1 note per event
+			for i, b := range buses {
+				if b.Stats().Consumed == 0 {
+					t.Errorf("bus %d consumed nothing: the buses did not compete", i)
+				}
+			}
 			for _, b := range buses {
 				if err := b.Stop(context.Background()); err != nil {
 					t.Fatal(err)
@@ -463,16 +523,27 @@ func TestDefinitionErrors(t *testing.T) {
 	}
 }
 
+// TestRegisterNilMachine: registering a nil machine is a configuration
+// error from bus.New, not a crash.
+func TestRegisterNilMachine(t *testing.T) {
+	_, err := bus.New(quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("sagas", func(e *endpoint.Endpoint) { saga.Register[Counter](e, nil) })
+	}))
+	if !errors.Is(err, endpoint.ErrInvalidConfig) || !strings.Contains(err.Error(), "machineIsNil") {
+		t.Errorf("bus.New: %v", err)
+	}
+}
+
 // TestBadCorrelationID: an event whose correlation id is empty or too long
 // is dead-lettered with the limit in the reason.
 func TestBadCorrelationID(t *testing.T) {
-	w := newWorld(t, false)
+	w := newWorld(t, "sqlite")
 	b := w.start(t)
-	publish(t, b, Started{ID: ""}, uuid.NewString())
+	w.publish(t, b, Started{ID: ""}, uuid.NewString())
 	if r := <-w.faults; !strings.Contains(r, "empty correlation id") {
 		t.Errorf("reason %q", r)
 	}
-	publish(t, b, Started{ID: strings.Repeat("x", 201)}, uuid.NewString())
+	w.publish(t, b, Started{ID: strings.Repeat("x", 201)}, uuid.NewString())
 	if r := <-w.faults; !strings.Contains(r, "correlation id has 201 bytes; the limit is 200") {
 		t.Errorf("reason %q", r)
 	}
