@@ -548,3 +548,77 @@ func TestBadCorrelationID(t *testing.T) {
 		t.Errorf("reason %q", r)
 	}
 }
+
+// TestBehaviorChoice: the first behavior whose conditions hold runs; a
+// failing Where falls through to the next; the state's own behaviors come
+// before DuringAny's; Ignore overrides the Fault policy.
+func TestBehaviorChoice(t *testing.T) {
+	type Tally struct {
+		saga.State
+		Log string
+	}
+	type Hit struct{ ID, Kind string }
+	m, err := saga.New("tally", func(m *saga.Machine[Tally]) {
+		on := m.State("On")
+		hit := saga.NewEvent(m, func(e Hit) string { return e.ID })
+		add := func(s string) func(context.Context, *saga.Context[Tally, Hit]) error {
+			return func(ctx context.Context, c *saga.Context[Tally, Hit]) error {
+				c.Instance.Log += s
+				return nil
+			}
+		}
+		kind := func(k string) func(c *saga.Context[Tally, Hit]) bool {
+			return func(c *saga.Context[Tally, Hit]) bool { return c.Message.Kind == k }
+		}
+		m.Initially(saga.When(hit).Then(add("start,")).TransitionTo(on))
+		m.During(on,
+			saga.When(hit).Where(kind("a")).Then(add("a,")),
+			saga.Ignore(hit).Where(kind("skip")),
+			saga.When(hit).Where(kind("b")).Where(func(c *saga.Context[Tally, Hit]) bool { return c.From == on }).Then(add("b,")),
+		)
+		m.DuringAny(saga.When(hit).Where(kind("a")).Then(add("any-a,")), saga.When(hit).Where(kind("c")).Then(add("any-c,")))
+	}, saga.WithTable("saga_tally_"+strings.ReplaceAll(uuid.NewString()[:8], "-", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	faults := make(chan string, 4)
+	b, err := bus.New(quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("tally", func(e *endpoint.Endpoint) {
+			saga.Register(e, m)
+			e.ConcurrentMessageLimit, e.PrefetchCount = 1, 1 // in order
+		})
+		c.ReceiveEndpoint("tally_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				faults <- d.Headers["BW-Fault-Reason"]
+				return nil
+			})
+		})
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(ctx)
+	if err := saga.Migrate(ctx, b.DB(), m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"", "a", "skip", "b", "c", "zzz"} {
+		if err := b.Publish(ctx, Hit{ID: "t", Kind: k}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := <-faults; !strings.Contains(r, `Hit in state "On"`) {
+		t.Errorf("the unmatched kind: %q", r)
+	}
+	settled(t, 7, b)
+	got, err := m.Get(ctx, b.DB(), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Log != "start,a,b,any-c," || got.Version != 4 {
+		t.Errorf("log %q version %d, want \"start,a,b,any-c,\" and 4", got.Log, got.Version)
+	}
+}
