@@ -58,6 +58,7 @@ type world struct {
 	amqpURL       string
 	sagas, notesQ string
 	bumpedType    string
+	retries       int // the saga endpoint's immediate retries
 }
 
 func backend(pg bool) string {
@@ -76,7 +77,7 @@ func newWorld(t *testing.T, backend string, opts ...saga.Option) *world {
 	t.Helper()
 	s := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	w := &world{table: "saga_counter_" + s, notes: "saga_notes_" + s, prefix: "sagat_" + s + "_", faults: make(chan string, 16),
-		sagas: "sagas", notesQ: "notes", bumpedType: "Bumped"}
+		sagas: "sagas", notesQ: "notes", bumpedType: "Bumped", retries: 10}
 	if backend == "rabbitmq" {
 		w.amqpURL = testenv.AMQPURL(t)
 		w.sagas, w.notesQ, w.bumpedType = "sagas-"+s, "notes-"+s, "Bumped-"+s
@@ -159,7 +160,7 @@ func newWorld(t *testing.T, backend string, opts ...saga.Option) *world {
 func (w *world) declare(c *endpoint.Endpoints) {
 	c.ReceiveEndpoint(w.sagas, func(e *endpoint.Endpoint) {
 		saga.Register(e, w.m)
-		e.Retry = endpoint.Immediate(10)
+		e.Retry = endpoint.Immediate(w.retries)
 	})
 	c.ReceiveEndpoint(w.notesQ, func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Noted]) error {
@@ -168,7 +169,10 @@ func (w *world) declare(c *endpoint.Endpoints) {
 	})
 	c.ReceiveEndpoint(w.sagas+"_error", func(e *endpoint.Endpoint) {
 		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
-			w.faults <- d.Headers["BW-Fault-Reason"]
+			select { // never block the error queue's consumer (and Stop) on a full channel
+			case w.faults <- d.Headers["BW-Fault-Reason"]:
+			default:
+			}
 			return nil
 		})
 	})
@@ -438,14 +442,24 @@ func TestFinalize(t *testing.T) {
 func TestConcurrentBurstOneInstance(t *testing.T) {
 	for _, tc := range []struct{ backend, mode string }{
 		{"postgres", "optimistic"}, {"postgres", "pessimistic"}, {"rabbitmq", "optimistic"},
+		// No re-apply in the transaction: every conflict fails the
+		// attempt with ErrConcurrencyConflict, which must be retried by
+		// the endpoint, never dead-lettered.
+		{"postgres", "no-reapply"},
 	} {
 		mode := tc.mode
 		t.Run(tc.backend+"/"+mode, func(t *testing.T) {
 			var opts []saga.Option
-			if mode == "pessimistic" {
+			switch mode {
+			case "pessimistic":
 				opts = append(opts, saga.Pessimistic())
+			case "no-reapply":
+				opts = append(opts, saga.MaxConflictRetries(0))
 			}
 			w := newWorld(t, tc.backend, opts...)
+			if mode == "no-reapply" {
+				w.retries = 1000
+			}
 			buses := []*bus.Bus{w.start(t), w.start(t), w.start(t)}
 			const events = 60
 			id := "burst-" + uuid.NewString()
@@ -461,10 +475,19 @@ func TestConcurrentBurstOneInstance(t *testing.T) {
 			}
 			wg.Wait()
 			settled(t, 3*events, buses...) // 2 deliveries and 1 note per event
+			var retried int64
 			for i, b := range buses {
-				if b.Stats().Consumed == 0 {
+				s := b.Stats()
+				if s.Consumed == 0 {
 					t.Errorf("bus %d consumed nothing: the buses did not compete", i)
 				}
+				if s.DeadLettered != 0 {
+					t.Errorf("bus %d dead-lettered %d events", i, s.DeadLettered)
+				}
+				retried += s.Retries
+			}
+			if mode == "no-reapply" && retried == 0 {
+				t.Errorf("no endpoint retries: the conflicts this mode exists for did not happen")
 			}
 			for _, b := range buses {
 				if err := b.Stop(context.Background()); err != nil {
