@@ -196,7 +196,12 @@ func (w *world) start(t *testing.T) *bus.Bus {
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	t.Cleanup(func() {
+		// Bounded: a failed test may leave handlers in flight.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = b.Stop(ctx)
+	})
 	if w.db == nil {
 		w.db = b.DB()
 	}
