@@ -18,10 +18,11 @@ test-short:
 	$(GO) test -race -count=1 -short ./...
 
 ## fuzz-short: each go test -fuzz target for FUZZTIME (10s) after its seed corpus (the
-## poison cases): the inbound conversion and dispatch, and the publish envelope.
+## poison cases): the inbound conversion and dispatch, and the publish envelope
+## (against the stores' limits and against AMQP's encoding).
 ## A failing input is written to the package's testdata/fuzz; re-run it with go test -run.
 FUZZTIME ?= 10s
-FUZZ_TARGETS = ./internal/rabbit/:FuzzFromDelivery ./bus/:FuzzEnvelope ./bus/:FuzzDispatch
+FUZZ_TARGETS = ./internal/rabbit/:FuzzFromDelivery ./bus/:FuzzDispatch ./bus/:FuzzEnvelope ./bus/:FuzzEnvelopeAMQP
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \

@@ -20,20 +20,6 @@ import (
 	"github.com/barewire-go/barewire/internal/wire"
 )
 
-// Known defects these targets find on the code of this branch, fixed on
-// other branches of issue 14. While a flag is false, a seed or input that
-// hits the defect is skipped with the reason (so that `go test` stays
-// green); set it to true once the fix is merged, and the assertion holds.
-const (
-	// publishLimitsEnforced: Publish/Send refuse short strings (type,
-	// content type, correlation id, exchange, routing key, header keys)
-	// over 255 bytes with ErrInvalidMessage (the publish-edge fix).
-	publishLimitsEnforced = false
-	// inboundIDsChecked: a received id PostgreSQL cannot store (NUL,
-	// invalid UTF-8) is dead-lettered at once, on every store.
-	inboundIDsChecked = false
-)
-
 const amqpShortString = 255
 
 // amqpEncodable checks, independently of the transport's code, what the
@@ -71,23 +57,25 @@ func amqpEncodable(exchange, key string, p amqp.Publishing) error {
 	return keys(p.Headers)
 }
 
-// FuzzEnvelope: whatever headers, ids, types and destination a caller
+// FuzzEnvelopeAMQP: whatever headers, ids, types and destination a caller
 // passes, the bus's envelope either refuses them with an error wrapping
-// ErrInvalidMessage (or ErrMessageTooLarge), or builds a message RabbitMQ
-// can carry. Seeds: the poison cases of issue 14.
-func FuzzEnvelope(f *testing.F) {
+// ErrInvalidMessage (or ErrMessageTooLarge), or builds a message whose
+// actual AMQP publishing (the RabbitMQ transport's own mapping) the client
+// can encode. FuzzEnvelope checks the same envelope against the stores'
+// limits. Seeds: the poison cases of issue 14.
+func FuzzEnvelopeAMQP(f *testing.F) {
 	long := strings.Repeat("c", 300)
 	type seed struct{ dest, id, corr, typ, ct, key, exchange, hk, hv string }
 	for _, s := range []seed{
 		{typ: "OrderPlaced"},
 		{dest: "orders", id: "m-1", corr: "c-1", hk: "tenant", hv: "acme"},
-		{typ: "T", corr: long},                   // fails before the edge fix: accepted
-		{typ: long},                              // fails before the edge fix: type (and exchange) 300 bytes
-		{typ: "T", ct: long},                     // fails before the edge fix
-		{typ: "T", key: long, exchange: "x"},     // fails before the edge fix: routing key
-		{typ: "T", exchange: long},               // fails before the edge fix: exchange name
-		{typ: "T", hk: long, hv: "v"},            // fails before the edge fix: header key
-		{dest: "queue:" + long},                  // fails before the edge fix: queue name (routing key)
+		{typ: "T", corr: long},                   // accepted before the publish-edge fix (6adf53b)
+		{typ: long},                              // accepted before the publish-edge fix: type (and exchange) 300 bytes
+		{typ: "T", ct: long},                     // accepted before the publish-edge fix
+		{typ: "T", key: long, exchange: "x"},     // accepted before the publish-edge fix: routing key
+		{typ: "T", exchange: long},               // accepted before the publish-edge fix: exchange name
+		{typ: "T", hk: long, hv: "v"},            // accepted before the publish-edge fix: header key
+		{dest: "queue:" + long},                  // accepted before the publish-edge fix: queue name (routing key)
 		{typ: "T", id: strings.Repeat("i", 201)}, // refused: id over the inbox bound
 		{typ: "T", id: strings.Repeat("i", 300)},
 		{typ: "a\x00b"},
@@ -122,9 +110,6 @@ func FuzzEnvelope(f *testing.F) {
 			t.Fatalf("accepted without an id or destination: %+v", m)
 		}
 		if err := amqpEncodable(rabbit.PublishingFor(m)); err != nil {
-			if !publishLimitsEnforced {
-				t.Skipf("known defect until the publish-edge validation is merged: accepted, but %v", err)
-			}
 			t.Fatalf("accepted a message RabbitMQ cannot carry: %v", err)
 		}
 	})
@@ -152,7 +137,7 @@ func FuzzDispatch(f *testing.F) {
 		{"", "Known", []byte(`{}`)},                     // no id
 		{strings.Repeat("i", 1025), "Known", nil},       // over the inbox bound
 		{strings.Repeat("i", 1024), "Known", nil},       // at the bound
-		{"a\x00b", "Known", []byte(`{}`)},               // NUL: PostgreSQL cannot store it
+		{"a\x00b", "Known", []byte(`{}`)},               // NUL: PostgreSQL cannot store it (processed before the inbound id check)
 		{"\xff\xfe\x00\x01guid", "Known", []byte(`{}`)}, // raw GUID bytes
 		{"m-1", "Known", []byte(`{}`)},                  // repeat
 	} {
@@ -222,9 +207,6 @@ func FuzzDispatch(f *testing.F) {
 		case wantDead && dl != 1:
 			t.Fatalf("id %q type %q: processed (consumed=%d duplicate=%d); want dead-lettered", id, typ, consumed, dup)
 		case storeBadID && dl != 1:
-			if !inboundIDsChecked {
-				t.Skipf("known defect until inbound id checks are merged: id %q processed on SQLite, loops on PostgreSQL", id)
-			}
 			t.Fatalf("id %q (NUL or invalid UTF-8) processed; want dead-lettered at once", id)
 		case !wantDead && !storeBadID && dl == 1:
 			t.Fatalf("id %q type %q: dead-lettered; want processed", id, typ)
