@@ -39,7 +39,7 @@ type Transport struct {
 func New() *Transport {
 	return &Transport{
 		queues: map[string]*queue{}, bindings: map[string][]string{},
-		done: make(chan struct{}),
+		done:       make(chan struct{}),
 		subscribed: map[*queue]struct{}{},
 	}
 }
