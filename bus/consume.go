@@ -98,6 +98,9 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		SingleTransaction: ep.Inbox == endpoint.InboxSingleTransaction, Logger: log,
 		OnDuplicate: func(k inbox.Key) { b.ctr.duplicates.Add(1); b.tel.duplicate(k) },
 	}
+	if b.cfg.clock != nil {
+		mw.Clock = b.cfg.clock
+	}
 	return func(msg *message.Message) error {
 		b.inFlight.Add(1)
 		defer b.inFlight.Add(-1)

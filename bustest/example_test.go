@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/inbox"
 )
 
 // exampleT stands in for the *testing.T a real test passes.
@@ -164,4 +166,44 @@ func ExampleConsume() {
 	// error: <nil>
 	// published InvoiceIssued to exchange:InvoiceIssued committed: true
 	// invoices: 1
+}
+
+// A delivery crashed holding its inbox lock; the redelivery waits for the
+// lock, the fake clock expires it, and the message is processed once — in
+// milliseconds, not InboxLockTimeout.
+func Example_lockExpiry() {
+	test(func(t bustest.T) {
+		// snippet:start lock-expiry
+		h := bustest.New(t, orders(endpoint.NoRetry())...) // InboxLockTimeout: the default 30 s
+		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		ctx := context.Background()
+		start := time.Now()
+		// Another instance took the lock for order-11 and died.
+		h.CrashedDelivery(ctx, "order-11", "billing", inbox.DefaultLockTimeout)
+		if err := h.Bus.Publish(ctx, OrderPlaced{ID: "11"}, bus.Headers{bus.HeaderMessageID: "order-11"}); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		h.Advance(inbox.DefaultLockTimeout) // the crashed delivery's lock expires
+		got := bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint("billing"))
+		h.WaitIdle()
+
+		var entry inbox.Entry
+		for _, e := range h.InboxEntries(ctx) {
+			if e.MessageID == "order-11" && e.ConsumerType == "billing" {
+				entry = e
+			}
+		}
+		var n int64
+		h.Bus.DB().Model(&Invoice{}).Count(&n)
+		fmt.Println("redelivery:", got.Outcome, "lock taken:", entry.Attempts, "times")
+		fmt.Println("consumer runs:", len(h.Seen("billing")), "invoices:", n)
+		fmt.Println("well under the lock timeout:", time.Since(start) < inbox.DefaultLockTimeout/10)
+		// snippet:end lock-expiry
+	})
+	// Output:
+	// redelivery: consumed lock taken: 2 times
+	// consumer runs: 1 invoices: 1
+	// well under the lock timeout: true
 }
