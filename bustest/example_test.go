@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/barewire-go/barewire/bus"
@@ -206,4 +207,43 @@ func Example_lockExpiry() {
 	// redelivery: consumed lock taken: 2 times
 	// consumer runs: 1 invoices: 1
 	// well under the lock timeout: true
+}
+
+// The connection drops while a consumer is still handling a message: the
+// transport delivers it again at once, the inbox makes the redelivery wait
+// for the first delivery and skips it as a duplicate.
+func Example_dropConnection() {
+	test(func(t bustest.T) {
+		// snippet:start drop-connection
+		running, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		h := bustest.New(t, bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+				once.Do(func() { close(running) })
+				<-release // still handling when the connection drops
+				return bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error
+			})
+		}))
+		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "12"}, nil); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		<-running
+		h.DropConnection() // the unacknowledged delivery goes back to the queue
+		close(release)
+		first := bustest.Consumed[OrderPlaced](h)
+		again := bustest.Consumed[OrderPlaced](h, bustest.WithOutcome(bus.OutcomeDuplicate))
+		h.WaitIdle()
+
+		var n int64
+		h.Bus.DB().Model(&Invoice{}).Count(&n)
+		fmt.Println("first delivery:", first.Outcome, "redelivered:", again.Headers[bus.HeaderRedelivered], again.Outcome)
+		fmt.Println("consumer runs:", len(h.Seen("billing")), "invoices:", n)
+		// snippet:end drop-connection
+	})
+	// Output:
+	// first delivery: consumed redelivered: true duplicate
+	// consumer runs: 1 invoices: 1
 }

@@ -98,3 +98,15 @@ func (h *Harness) CrashedDelivery(ctx context.Context, messageID, endpointName s
 		h.t.Fatalf("bustest: CrashedDelivery %s on %s: the inbox entry is %s, not free to lock", messageID, endpointName, l.State)
 	}
 }
+
+// DropConnection makes the transport lose its connection, as a network
+// failure does (see bus.Bus.DropConnection): on the embedded default every
+// unacknowledged delivery is delivered again at once while its consumer may
+// still be running; on RabbitMQ the connection closes, the bus reconnects
+// and the broker redelivers. It fails the test on the PostgreSQL transport.
+func (h *Harness) DropConnection() {
+	h.t.Helper()
+	if err := h.Bus.DropConnection(); err != nil {
+		h.t.Fatalf("bustest: DropConnection: %v", err)
+	}
+}

@@ -29,8 +29,9 @@ type Middleware struct {
 	BusyDelay time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// OnDuplicate, when set, is called for each duplicate skipped.
-	OnDuplicate func(Key)
+	// OnDuplicate, when set, is called for each duplicate skipped, with
+	// the context of the delivery skipped.
+	OnDuplicate func(context.Context, Key)
 	// Clock, when set, is the clock the store decides lock expiry by (a
 	// test's fake clock): the wait for another delivery's lock measures
 	// against it and ends early when it advances. Nil: the real clock.
@@ -150,7 +151,7 @@ func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logg
 func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 	log.DebugContext(ctx, "inbox: duplicate skipped", "message_id", key.MessageID, "consumer_type", key.ConsumerType)
 	if m.OnDuplicate != nil {
-		m.OnDuplicate(key)
+		m.OnDuplicate(ctx, key)
 	}
 }
 
