@@ -77,7 +77,7 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return b.Stats().Consumed == 6 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 6 })
 	drain(t, b)
 
 	code, idx := adminCall(t, h, "GET", "/admin/", "")

@@ -180,8 +180,10 @@ func New(opts ...Option) (*Bus, error) {
 	}
 
 	if c.db != nil {
-		store, err := gormstore.New(c.db, gormstore.WithTablePrefix(c.outboxOpts.TablePrefix))
-		if err != nil {
+		store, err := gormstore.New(c.db, b.storeOptions()...)
+		if c.clock != nil && c.db.Dialector != nil && c.db.Dialector.Name() != gormstore.DialectSQLite {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidOption, ErrClockUnsupported))
+		} else if err != nil {
 			errs = append(errs, fmt.Errorf("%w: WithOutbox: %w", ErrInvalidOption, err))
 		} else {
 			b.useStore(c.db, store)
@@ -218,6 +220,15 @@ func leaseVersusPublishTimeout(c *config) []error {
 
 // defaultPublishTimeout is endpoint.RabbitMQ's PublishTimeout default.
 const defaultPublishTimeout = 30 * time.Second
+
+// storeOptions are the gormstore options of the bus's store.
+func (b *Bus) storeOptions() []gormstore.Option {
+	opts := []gormstore.Option{gormstore.WithTablePrefix(b.cfg.outboxOpts.TablePrefix)}
+	if b.cfg.clock != nil {
+		opts = append(opts, gormstore.WithClock(b.cfg.clock.Now))
+	}
+	return opts
+}
 
 func (b *Bus) useStore(db *gorm.DB, s *gormstore.Store) {
 	b.db = db
@@ -264,7 +275,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return fmt.Errorf("bus: open embedded SQLite: %w", err)
 		}
-		store, err := gormstore.New(db, gormstore.WithTablePrefix(b.cfg.outboxOpts.TablePrefix))
+		store, err := gormstore.New(db, b.storeOptions()...)
 		if err != nil {
 			_ = closeDB(db)
 			return err
@@ -323,11 +334,27 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	b.instrumentRelay(b.relay)
 	b.wakeRelay.Store(b.relay)
 	b.bg.Go(func() { b.relay.Run(runCtx) })
+	var clk inbox.Clock // a nil interface, not a nil Clock in one
+	if b.cfg.clock != nil {
+		clk = b.cfg.clock
+		// The relay's sleep reads no clock: an advance wakes it, and its
+		// next claim sees expired leases and retry delays that have passed.
+		b.bg.Go(func() {
+			for {
+				select {
+				case <-runCtx.Done():
+					return
+				case <-clk.Advanced():
+					b.relay.Wake()
+				}
+			}
+		})
+	}
 	b.bg.Go(func() {
-		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
+		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log, Clock: clk}).Run(runCtx)
 	})
 	b.bg.Go(func() {
-		(&outbox.Cleaner{Store: b.outboxSt, Retention: o.OutboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
+		(&outbox.Cleaner{Store: b.outboxSt, Retention: o.OutboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log, Clock: clk}).Run(runCtx)
 	})
 	b.startTelemetry()
 	b.state = 1

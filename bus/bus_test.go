@@ -85,10 +85,13 @@ func paymentConsumer(name string, rec *recorder) func(context.Context, *endpoint
 
 func start(t *testing.T, opts ...bus.Option) *bus.Bus {
 	t.Helper()
-	b, err := bus.New(opts...)
+	sig := newBusSignal()
+	b, err := bus.New(append(opts[:len(opts):len(opts)], bus.WithObserver(sig.fire))...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	busSignals.Store(b, sig)
+	t.Cleanup(func() { busSignals.Delete(b) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := b.Start(ctx); err != nil {
@@ -173,12 +176,12 @@ func TestFanOutToTwoEndpointsAndDeduplication(t *testing.T) {
 		}
 	}
 	rec.wait(t, 2)
-	// The duplicates are settled once both endpoints' queues are empty and
+	// Every delivery settled: one consumed and two duplicates per endpoint;
 	// the inbox holds exactly one processed entry per consumer.
-	waitFor(t, func() bool {
-		n := processedEntries(t, b, "pay-9")
-		return n == 2
-	})
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 2 && s.Duplicates == 4 })
+	if n := processedEntries(t, b, "pay-9"); n != 2 {
+		t.Fatalf("processed inbox entries for pay-9: %d, want 2", n)
+	}
 	drain(t, b)
 	got := rec.snapshot()
 	count := map[string]int{}
@@ -671,7 +674,7 @@ func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
 	<-dead
 	// The error queue's consumer can run before the failing delivery has
 	// counted its dead letter: wait for the counter, then check retries.
-	waitFor(t, func() bool { return b.Stats().DeadLettered == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.DeadLettered == 1 })
 	if s := b.Stats(); s.Retries != 3 || s.DeadLettered != 1 {
 		t.Fatalf("stats %+v; want 3 retries (4 attempts) and 1 dead letter", s)
 	}

@@ -96,7 +96,10 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 	mw := &inbox.Middleware{
 		Store: b.inboxSt, ConsumerType: ep.Name(), LockTimeout: b.cfg.outboxOpts.InboxLockTimeout,
 		SingleTransaction: ep.Inbox == endpoint.InboxSingleTransaction, Logger: log,
-		OnDuplicate: func(k inbox.Key) { b.ctr.duplicates.Add(1); b.tel.duplicate(k) },
+		OnDuplicate: func(ctx context.Context, k inbox.Key) { b.ctr.duplicates.Add(1); b.tel.duplicate(ctx, k) },
+	}
+	if b.cfg.clock != nil {
+		mw.Clock = b.cfg.clock
 	}
 	return func(msg *message.Message) error {
 		b.inFlight.Add(1)

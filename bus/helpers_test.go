@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,57 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// busSignals holds, for every bus started by start, a signal fired by each
+// of its events (bus.WithObserver).
+var busSignals sync.Map // *bus.Bus → *busSignal
+
+type busSignal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func newBusSignal() *busSignal { return &busSignal{ch: make(chan struct{})} }
+
+func (s *busSignal) fire(bus.Event) {
+	s.mu.Lock()
+	close(s.ch)
+	s.ch = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *busSignal) next() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ch
+}
+
+// waitStats waits until cond holds for b's Stats, re-checking on each of
+// the bus's events instead of polling: the counters a delivery moves
+// (consumed, duplicates, dead-lettered, ...) are counted before its
+// EventHandled is emitted, so the check after the last event sees them.
+func waitStats(t *testing.T, b *bus.Bus, cond func(bus.Stats) bool) {
+	t.Helper()
+	v, ok := busSignals.Load(b)
+	if !ok {
+		t.Fatal("waitStats: the bus was not started by start")
+	}
+	sig := v.(*busSignal)
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for {
+		next := sig.next()
+		st := b.Stats()
+		if cond(st) {
+			return
+		}
+		select {
+		case <-next:
+		case <-timeout.C:
+			t.Fatalf("stats condition not met within 10s: %+v", st)
+		}
 	}
 }
 

@@ -83,7 +83,7 @@ func TestInboxSameIDThreeTimesCloseAndApart(t *testing.T) {
 	pub("apart-" + env.suffix)
 	time.Sleep(1500 * time.Millisecond)
 	pub("apart-" + env.suffix)
-	waitFor(t, func() bool { return b.Stats().Consumed+b.Stats().Duplicates == 12 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed+s.Duplicates == 12 })
 	got := env.effects(t, table)
 	for _, id := range []string{"close-" + env.suffix, "apart-" + env.suffix} {
 		for _, c := range []string{a, b2} {
@@ -126,7 +126,7 @@ func TestInboxFailedAttemptReleasesLock(t *testing.T) {
 	if err := b.Publish(context.Background(), bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "flaky-" + env.suffix}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return b.Stats().Consumed == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 1 })
 	if el := time.Since(start); el > 20*time.Second {
 		t.Errorf("retry waited %v: the failed attempt's lock was not released", el)
 	}
@@ -166,7 +166,7 @@ func TestInboxBurstWithDuplicatesAcrossConcurrentHandlers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { s := b.Stats(); return s.Consumed+s.Duplicates >= int64(len(ids)) })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed+s.Duplicates >= int64(len(ids)) })
 	got := env.effects(t, table)
 	if len(got) != unique {
 		t.Fatalf("%d distinct effects; want %d", len(got), unique)

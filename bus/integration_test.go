@@ -123,7 +123,7 @@ func TestRabbitPostgresRoundTripAndDedup(t *testing.T) {
 		}
 	}
 	got := rec.wait(t, 2)
-	waitFor(t, func() bool { return b.Stats().Consumed+b.Stats().Duplicates >= 6 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed+s.Duplicates >= 6 })
 	if n := len(rec.snapshot()); n != 2 {
 		t.Fatalf("consumers ran %d times for one message id on two endpoints; want 2", n)
 	}
@@ -221,7 +221,7 @@ func TestRabbitPlainAMQPPublisherConsumedAndDeduplicated(t *testing.T) {
 	if d.MessageID != "plain-1" || string(d.Body) != "hello" || d.Headers["x-custom"] != "v" || d.Headers["x-number"] != "7" {
 		t.Errorf("delivery = id %q body %q headers %v", d.MessageID, d.Body, d.Headers)
 	}
-	waitFor(t, func() bool { return b.Stats().Duplicates == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Duplicates == 1 })
 	if c := calls.Load(); c != 1 {
 		t.Fatalf("consumer ran %d times for one message id", c)
 	}
@@ -353,7 +353,7 @@ func TestRabbitQuorumDelayedRedeliveryNoLoop(t *testing.T) {
 	if h[bus.HeaderFaultReason] == "" {
 		t.Errorf("redelivered without %s: %v", bus.HeaderFaultReason, h)
 	}
-	waitFor(t, func() bool { return b.Stats().Consumed == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 1 })
 	if c, s := calls.Load(), b.Stats(); c != 3 || s.Redelivered != 2 || s.DeadLettered != 0 {
 		t.Fatalf("calls %d stats %+v; want 3 calls, 2 redeliveries", c, s)
 	}

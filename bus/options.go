@@ -43,6 +43,7 @@ type config struct {
 	errs           []error
 	telemetry      telemetryConfig // telemetry.go
 	health         healthConfig    // health.go
+	clock          Clock           // clock.go; nil: the database's clock
 }
 
 func optErr(format string, args ...any) error {

@@ -43,10 +43,14 @@ func TestOutboxScaleThreeRelays(t *testing.T) {
 	}
 	var mu sync.Mutex
 	seen := map[string]int{}
+	arrived := make(chan struct{}) // closed when every committed message (total/2) was seen
 	go func() {
 		for d := range deliveries {
 			mu.Lock()
 			seen[d.MessageId]++
+			if seen[d.MessageId] == 1 && len(seen) == total/2 {
+				close(arrived)
+			}
 			mu.Unlock()
 		}
 	}()
@@ -103,18 +107,13 @@ func TestOutboxScaleThreeRelays(t *testing.T) {
 	if len(want) != total/2 {
 		t.Fatalf("%d committed messages; want %d", len(want), total/2)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	select {
+	case <-arrived:
+	case <-time.After(3 * time.Minute):
 		mu.Lock()
 		n := len(seen)
 		mu.Unlock()
-		if n >= len(want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d committed messages arrived", n, len(want))
-		}
-		time.Sleep(50 * time.Millisecond)
+		t.Fatalf("only %d of %d committed messages arrived", n, len(want))
 	}
 	drained := time.Since(began)
 	mu.Lock()

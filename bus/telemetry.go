@@ -145,7 +145,7 @@ type telemetry struct {
 	inboxStats  cached[inbox.Stats]
 
 	// inflight maps deliveries being handled to their observation, for
-	// the inbox's OnDuplicate hook, which gets the key but no context.
+	// the inbox's OnDuplicate hook when its context carries none.
 	inflightMu sync.Mutex
 	inflight   map[inbox.Key]*observation
 }
@@ -671,10 +671,16 @@ func (t *telemetry) attemptDone(ctx context.Context, attempt int, err error) {
 }
 
 // duplicate records a delivery the inbox skipped as already processed.
-func (t *telemetry) duplicate(key inbox.Key) {
-	t.inflightMu.Lock()
-	o := t.inflight[key]
-	t.inflightMu.Unlock()
+func (t *telemetry) duplicate(ctx context.Context, key inbox.Key) {
+	// The delivery's own observation first: when two deliveries of one id
+	// overlap (a redelivery after a lost connection), the map holds the
+	// first one's, or none once it finished.
+	o := observationFrom(ctx)
+	if o == nil {
+		t.inflightMu.Lock()
+		o = t.inflight[key]
+		t.inflightMu.Unlock()
+	}
 	if o == nil {
 		t.duplicates.Add(context.Background(), 1, metric.WithAttributes(attrEndpoint.String(key.ConsumerType), attrMessageType.String("_other")))
 		return

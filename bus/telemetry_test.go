@@ -274,7 +274,7 @@ func TestTelemetryMetricsAfterWorkload(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return b.Stats().Consumed == direct+viaOutbox })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == direct+viaOutbox })
 	for i := range 2 { // two re-publishes of processed ids
 		if err := b.Publish(ctx, TelemetryOrderPlaced{OrderID: "x"}, id(i)); err != nil {
 			t.Fatal(err)
@@ -283,7 +283,7 @@ func TestTelemetryMetricsAfterWorkload(t *testing.T) {
 	if err := b.Publish(ctx, TelemetryPoison{}, bus.Headers{bus.HeaderMessageID: "tel-m-poison-1"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { s := b.Stats(); return s.Duplicates == 2 && s.DeadLettered == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.Duplicates == 2 && s.DeadLettered == 1 })
 	drain(t, b)
 
 	var rm metricdata.ResourceMetrics
@@ -365,7 +365,7 @@ func TestTelemetryLogsUseSnakeCaseAttributes(t *testing.T) {
 	if err := b.Publish(context.Background(), TelemetryPoison{}, bus.Headers{bus.HeaderMessageID: "tel-log-1"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return b.Stats().DeadLettered == 1 })
+	waitStats(t, b, func(s bus.Stats) bool { return s.DeadLettered == 1 })
 	out := buf.String()
 	for _, bad := range []string{`"message_uuid"`, `"handler_name"`, `"messageId"`} {
 		if strings.Contains(out, bad) {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/inbox"
 )
 
 // exampleT stands in for the *testing.T a real test passes.
@@ -164,4 +167,83 @@ func ExampleConsume() {
 	// error: <nil>
 	// published InvoiceIssued to exchange:InvoiceIssued committed: true
 	// invoices: 1
+}
+
+// A delivery crashed holding its inbox lock; the redelivery waits for the
+// lock, the fake clock expires it, and the message is processed once — in
+// milliseconds, not InboxLockTimeout.
+func Example_lockExpiry() {
+	test(func(t bustest.T) {
+		// snippet:start lock-expiry
+		h := bustest.New(t, orders(endpoint.NoRetry())...) // InboxLockTimeout: the default 30 s
+		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		ctx := context.Background()
+		start := time.Now()
+		// Another instance took the lock for order-11 and died.
+		h.CrashedDelivery(ctx, "order-11", "billing", inbox.DefaultLockTimeout)
+		if err := h.Bus.Publish(ctx, OrderPlaced{ID: "11"}, bus.Headers{bus.HeaderMessageID: "order-11"}); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		h.Advance(inbox.DefaultLockTimeout) // the crashed delivery's lock expires
+		got := bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint("billing"))
+		h.WaitIdle()
+
+		var entry inbox.Entry
+		for _, e := range h.InboxEntries(ctx) {
+			if e.MessageID == "order-11" && e.ConsumerType == "billing" {
+				entry = e
+			}
+		}
+		var n int64
+		h.Bus.DB().Model(&Invoice{}).Count(&n)
+		fmt.Println("redelivery:", got.Outcome, "lock taken:", entry.Attempts, "times")
+		fmt.Println("consumer runs:", len(h.Seen("billing")), "invoices:", n)
+		fmt.Println("well under the lock timeout:", time.Since(start) < inbox.DefaultLockTimeout/10)
+		// snippet:end lock-expiry
+	})
+	// Output:
+	// redelivery: consumed lock taken: 2 times
+	// consumer runs: 1 invoices: 1
+	// well under the lock timeout: true
+}
+
+// The connection drops while a consumer is still handling a message: the
+// transport delivers it again at once, the inbox makes the redelivery wait
+// for the first delivery and skips it as a duplicate.
+func Example_dropConnection() {
+	test(func(t bustest.T) {
+		// snippet:start drop-connection
+		running, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		h := bustest.New(t, bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+				once.Do(func() { close(running) })
+				<-release // still handling when the connection drops
+				return bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error
+			})
+		}))
+		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+		if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "12"}, nil); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		<-running
+		h.DropConnection() // the unacknowledged delivery goes back to the queue
+		close(release)
+		first := bustest.Consumed[OrderPlaced](h)
+		again := bustest.Consumed[OrderPlaced](h, bustest.WithOutcome(bus.OutcomeDuplicate))
+		h.WaitIdle()
+
+		var n int64
+		h.Bus.DB().Model(&Invoice{}).Count(&n)
+		fmt.Println("first delivery:", first.Outcome, "redelivered:", again.Headers[bus.HeaderRedelivered], again.Outcome)
+		fmt.Println("consumer runs:", len(h.Seen("billing")), "invoices:", n)
+		// snippet:end drop-connection
+	})
+	// Output:
+	// first delivery: consumed redelivered: true duplicate
+	// consumer runs: 1 invoices: 1
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/inbox"
 )
 
 type fault struct {
@@ -73,5 +75,38 @@ func (h *Harness) Redeliver(ctx context.Context, r Record, endpointName string) 
 	raw := bus.Raw{Type: r.MessageType, ContentType: r.Headers[bus.HeaderContentType], Body: r.Body}
 	if err := h.Bus.Send(ctx, "queue:"+endpointName, raw, hd); err != nil {
 		h.t.Fatalf("bustest: Redeliver %s %s to %s: %v", r.MessageType, r.MessageID, endpointName, err)
+	}
+}
+
+// CrashedDelivery leaves the inbox of endpoint as a delivery of messageID
+// that crashed mid-handling leaves it: the entry locked for lockTimeout
+// (pass the bus's InboxLockTimeout), never marked or released. A delivery
+// of that id then waits for the lock to expire and takes it over; with the
+// fake clock, h.Advance(lockTimeout) expires it at once.
+func (h *Harness) CrashedDelivery(ctx context.Context, messageID, endpointName string, lockTimeout time.Duration) {
+	h.t.Helper()
+	if messageID == "" || endpointName == "" {
+		h.t.Fatalf("bustest: CrashedDelivery: messageID %q and endpoint %q must both be set", messageID, endpointName)
+		return
+	}
+	l, err := h.Bus.InboxStore().TryLock(ctx, inbox.Key{MessageID: messageID, ConsumerType: endpointName}, lockTimeout)
+	if err != nil {
+		h.t.Fatalf("bustest: CrashedDelivery %s on %s: %v", messageID, endpointName, err)
+		return
+	}
+	if l.State != inbox.Acquired {
+		h.t.Fatalf("bustest: CrashedDelivery %s on %s: the inbox entry is %s, not free to lock", messageID, endpointName, l.State)
+	}
+}
+
+// DropConnection makes the transport lose its connection, as a network
+// failure does (see bus.Bus.DropConnection): on the embedded default every
+// unacknowledged delivery is delivered again at once while its consumer may
+// still be running; on RabbitMQ the connection closes, the bus reconnects
+// and the broker redelivers. It fails the test on the PostgreSQL transport.
+func (h *Harness) DropConnection() {
+	h.t.Helper()
+	if err := h.Bus.DropConnection(); err != nil {
+		h.t.Fatalf("bustest: DropConnection: %v", err)
 	}
 }

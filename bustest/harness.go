@@ -3,6 +3,7 @@ package bustest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -118,6 +119,7 @@ type Harness struct {
 	seen    []Seen
 	changed chan struct{} // closed and replaced on every record
 	faults  map[string]*fault
+	clock   *Clock // nil on PostgreSQL
 }
 
 var harnessSeq atomic.Int64
@@ -137,7 +139,14 @@ func New(t T, opts ...bus.Option) *Harness {
 	// The harness's own options come first so that the service's win.
 	all := append([]bus.Option{bus.WithLogger(testLogger(t)), bus.WithStopTimeout(10 * time.Second)}, opts...)
 	all = append(all, bus.WithObserver(h.observe))
-	b, err := bus.New(all...)
+	// The fake clock where the database can read it: on PostgreSQL the
+	// database's clock decides, and the bus is built without one.
+	h.clock = newClock()
+	b, err := bus.New(append(all, bus.WithClock(h.clock))...)
+	if errors.Is(err, bus.ErrClockUnsupported) {
+		h.clock = nil
+		b, err = bus.New(all...)
+	}
 	if err != nil {
 		t.Fatalf("bustest: bus.New: %v", err)
 		return nil

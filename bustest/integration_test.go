@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -147,5 +148,40 @@ func TestOnPostgresTransport(t *testing.T) {
 	}
 	if committed != 1 || rolledBack != 1 {
 		t.Fatalf("%d committed, %d rolled back; want 1 and 1\n%s", committed, rolledBack, h.Report())
+	}
+}
+
+// DropConnection on RabbitMQ closes the connection while a consumer is
+// still handling a message: the bus reconnects, the broker redelivers the
+// unacknowledged message, and the inbox skips it as a duplicate.
+func TestDropConnectionOnRabbitMQ(t *testing.T) {
+	t.Parallel()
+	url := testenv.AMQPURL(t)
+	q := "bustest-drop-" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	t.Cleanup(func() { deleteQueues(t, url, q) })
+	running, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := bustest.New(t, bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
+		r.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+				once.Do(func() { close(running) })
+				<-release
+				return nil
+			})
+		})
+	}))
+	if err := h.Bus.Send(context.Background(), q, OrderPlaced{ID: "d1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	h.DropConnection()
+	close(release)
+	bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint(q))
+	again := bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint(q), bustest.WithOutcome(bus.OutcomeDuplicate))
+	if again.Headers[bus.HeaderRedelivered] != "true" {
+		t.Errorf("redelivery headers %v: want %s true", again.Headers, bus.HeaderRedelivered)
+	}
+	if n := len(h.Seen(q)); n != 1 {
+		t.Errorf("consumer ran %d times, want 1", n)
 	}
 }

@@ -25,7 +25,9 @@
 // Every lock, lease, expiry and retention is computed by the database's
 // clock (PostgreSQL now(), SQLite strftime('now')), never the application's,
 // so that instances whose clocks drift still agree. SQLite times are stored as
-// UTC text with millisecond precision.
+// UTC text with millisecond precision. The one exception is for tests:
+// WithClock (SQLite only) makes the statements read "now" from a Go clock
+// that a test can move forward.
 //
 // # Dialects
 //

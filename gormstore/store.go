@@ -60,6 +60,7 @@ type Option func(*config)
 
 type config struct {
 	prefix string
+	now    func() time.Time // WithClock
 }
 
 // WithTablePrefix sets the prefix of the table and index names (default
@@ -105,6 +106,11 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 		db:      db.Session(&gorm.Session{NewDB: true}),
 		dialect: d,
 		prefix:  cfg.prefix,
+	}
+	if cfg.now != nil {
+		if err := s.useClock(cfg.now); err != nil {
+			return nil, err
+		}
 	}
 	s.inbox = newInbox(s)
 	s.outbox = newOutbox(s)

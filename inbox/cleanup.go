@@ -19,11 +19,14 @@ type Cleaner struct {
 	// Batch defaults to 1000.
 	Batch  int
 	Logger *slog.Logger
+	// Clock, when set, times the interval (a test's fake clock): an
+	// advance past the next pass runs it at once. Nil: the real clock.
+	Clock Clock
 }
 
 // Run cleans until ctx is done. The first pass runs after one Interval.
 func (c *Cleaner) Run(ctx context.Context) {
-	batchdel.Loop(ctx, c.Interval, c.Batch, c.del, c.Logger, "inbox cleanup")
+	batchdel.Loop(ctx, c.Interval, c.Batch, c.del, c.Logger, "inbox cleanup", c.Clock)
 }
 
 // Once runs one cleanup pass and returns how many entries it deleted.

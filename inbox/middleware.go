@@ -29,8 +29,13 @@ type Middleware struct {
 	BusyDelay time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// OnDuplicate, when set, is called for each duplicate skipped.
-	OnDuplicate func(Key)
+	// OnDuplicate, when set, is called for each duplicate skipped, with
+	// the context of the delivery skipped.
+	OnDuplicate func(context.Context, Key)
+	// Clock, when set, is the clock the store decides lock expiry by (a
+	// test's fake clock): the wait for another delivery's lock measures
+	// against it and ends early when it advances. Nil: the real clock.
+	Clock Clock
 }
 
 // Middleware returns the Watermill handler middleware.
@@ -146,7 +151,7 @@ func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logg
 func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 	log.DebugContext(ctx, "inbox: duplicate skipped", "message_id", key.MessageID, "consumer_type", key.ConsumerType)
 	if m.OnDuplicate != nil {
-		m.OnDuplicate(key)
+		m.OnDuplicate(ctx, key)
 	}
 }
 
@@ -154,7 +159,13 @@ func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 // busyDelay, and returns ErrBusy if ctx ends first (the message is then
 // requeued, not lost).
 func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
-	wait := time.Until(expiresAt) + 10*time.Millisecond
+	now, advanced := time.Now, (<-chan struct{})(nil)
+	if m.Clock != nil {
+		// The channel first: an advance between the two calls still wakes us.
+		advanced = m.Clock.Advanced()
+		now = m.Clock.Now
+	}
+	wait := expiresAt.Sub(now()) + 10*time.Millisecond
 	if wait > busyDelay || wait <= 0 {
 		wait = busyDelay
 	}
@@ -165,5 +176,14 @@ func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay ti
 		return ErrBusy
 	case <-t.C:
 		return nil
+	case <-advanced:
+		return nil
 	}
+}
+
+// Clock is a controllable time source (tests only; see bus.WithClock).
+type Clock interface {
+	Now() time.Time
+	// Advanced returns a channel closed when the clock next jumps forward.
+	Advanced() <-chan struct{}
 }

@@ -287,11 +287,21 @@ type Cleaner struct {
 	Interval  time.Duration
 	Batch     int
 	Logger    *slog.Logger
+	// Clock, when set, times the interval (a test's fake clock): an
+	// advance past the next pass runs it at once. Nil: the real clock.
+	Clock Clock
+}
+
+// Clock is a controllable time source (tests only; see bus.WithClock).
+type Clock interface {
+	Now() time.Time
+	// Advanced returns a channel closed when the clock next jumps forward.
+	Advanced() <-chan struct{}
 }
 
 // Run cleans until ctx is done.
 func (c *Cleaner) Run(ctx context.Context) {
-	batchdel.Loop(ctx, c.Interval, c.Batch, c.del, c.Logger, "outbox cleanup")
+	batchdel.Loop(ctx, c.Interval, c.Batch, c.del, c.Logger, "outbox cleanup", c.Clock)
 }
 
 // Once runs one pass and returns how many rows it deleted.

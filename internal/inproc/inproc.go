@@ -56,9 +56,19 @@ type queue struct {
 	items     []*item
 	unsettled int           // handed to a consumer, not yet acked or nacked
 	ready     chan struct{} // signalled when items are added
+	// flights are the deliveries handed to a consumer and not yet settled;
+	// DropConnection takes them back.
+	flights map[*flight]struct{}
 }
 
-func newQueue() *queue { return &queue{ready: make(chan struct{}, 1)} }
+// flight is one unsettled delivery. Whoever removes it from its queue's
+// flights settles it: the consumer's verdict, or DropConnection.
+type flight struct {
+	it      *item
+	dropped chan struct{} // closed when DropConnection took it back
+}
+
+func newQueue() *queue { return &queue{ready: make(chan struct{}, 1), flights: map[*flight]struct{}{}} }
 
 func (q *queue) push(it *item) {
 	q.mu.Lock()
@@ -314,12 +324,31 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 		t.settle(q, nil)
 		return false
 	}
+	fl := &flight{it: it, dropped: make(chan struct{})}
+	q.mu.Lock()
+	q.flights[fl] = struct{}{}
+	q.mu.Unlock()
+	// settle applies the consumer's verdict unless DropConnection already
+	// took the delivery back (a broker ignores an ack on a dead channel).
+	settle := func(requeue *item) {
+		q.mu.Lock()
+		_, mine := q.flights[fl]
+		delete(q.flights, fl)
+		q.mu.Unlock()
+		if mine {
+			t.settle(q, requeue)
+		}
+	}
 	select {
 	case <-msg.Acked():
-		t.settle(q, nil)
+		settle(nil)
 		return true
 	case <-msg.Nacked():
-		t.settle(q, it)
+		settle(it)
+		return true
+	case <-fl.dropped:
+		// Redelivered already; the consumer's late verdict counts for
+		// nothing, as on a broker. Deliver the next message meanwhile.
 		return true
 	case <-ctx.Done():
 	case <-t.done:
@@ -328,11 +357,51 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 	// is neither lost nor handled twice at once.
 	select {
 	case <-msg.Acked():
-		t.settle(q, nil)
+		settle(nil)
 	case <-msg.Nacked():
-		t.settle(q, it)
+		settle(it)
+	case <-fl.dropped:
 	}
 	return false
+}
+
+// DropConnection simulates the loss of a broker connection: every delivery
+// handed to a consumer and not yet acknowledged goes back to its queue at
+// once, to be delivered again (flagged redelivered), while the consumer
+// that had it may still be running; its late ack or nack is ignored. It
+// returns how many deliveries it took back.
+func (t *Transport) DropConnection() int {
+	t.mu.Lock()
+	queues := make([]*queue, 0, len(t.queues))
+	for _, q := range t.queues {
+		queues = append(queues, q)
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, q := range queues {
+		q.mu.Lock()
+		taken := 0
+		for fl := range q.flights {
+			delete(q.flights, fl)
+			close(fl.dropped)
+			again := *fl.it // the consumer may still read the original
+			q.items = append(q.items, &again)
+			q.unsettled--
+			taken++
+		}
+		q.mu.Unlock()
+		if taken > 0 {
+			select {
+			case q.ready <- struct{}{}:
+			default:
+			}
+		}
+		n += taken
+	}
+	if n > 0 {
+		t.notify()
+	}
+	return n
 }
 
 func (s *subscriber) Close() error { return nil }

@@ -190,6 +190,19 @@ func redactLoosely(raw string) string {
 // Start, one more per reconnect.
 func (t *Transport) Connects() int64 { return t.connects.Load() }
 
+// DropConnection closes the current connection the way a network failure
+// ends it (for tests): the supervisor reconnects, consumers subscribe again
+// and the broker redelivers what was not acknowledged.
+func (t *Transport) DropConnection() error {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	if c == nil || c.IsClosed() {
+		return fmt.Errorf("rabbitmq: DropConnection: not connected to %s", t.secret.redacted)
+	}
+	return c.Close()
+}
+
 // URL returns the broker URL with its password redacted.
 func (t *Transport) URL() string { return t.secret.redacted }
 
