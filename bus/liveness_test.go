@@ -576,3 +576,65 @@ func TestStopDuringDatabaseOutage(t *testing.T) {
 	default:
 	}
 }
+
+// TestRetryingMessageHoldsNoNeighbourBehindIt: a message waiting out an
+// in-process retry backoff holds its handler; by default no prefetched
+// message waits behind it on RabbitMQ (PrefetchCount defaults to
+// ConcurrentMessageLimit), so its neighbours flow through the other
+// handler meanwhile.
+func TestRetryingMessageHoldsNoNeighbourBehindIt(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("PaymentReceived")
+	q := env.q("hol")
+	slowFailed := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	var doneAt []time.Time
+	good := make(chan struct{}, 16)
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			e.ConcurrentMessageLimit = 2
+			e.Retry = endpoint.Interval(1, 3*time.Second)
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				if c.Message.PaymentID == "slow" {
+					if c.Attempt == 1 {
+						once.Do(func() { close(slowFailed) })
+						return errors.New("transient")
+					}
+					return nil
+				}
+				mu.Lock()
+				doneAt = append(doneAt, time.Now())
+				mu.Unlock()
+				good <- struct{}{}
+				return nil
+			}, endpoint.AsMessageType(typ))
+		})
+	})...)
+	ctx := context.Background()
+	if err := b.Publish(ctx, PaymentReceived{PaymentID: "slow"}, bus.Headers{bus.HeaderMessageType: typ}); err != nil {
+		t.Fatal(err)
+	}
+	<-slowFailed
+	start := time.Now()
+	for i := range 6 {
+		if err := b.Publish(ctx, PaymentReceived{PaymentID: strconv.Itoa(i)}, bus.Headers{bus.HeaderMessageType: typ}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 6 {
+		select {
+		case <-good:
+		case <-time.After(10 * time.Second):
+			t.Fatal("good messages not consumed")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, at := range doneAt {
+		if d := at.Sub(start); d > 2*time.Second {
+			t.Fatalf("a good message was consumed %v after publishing, behind the message in its 3 s retry backoff", d)
+		}
+	}
+}

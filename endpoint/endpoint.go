@@ -39,11 +39,9 @@ const (
 	ProcessMissingID
 )
 
-// Defaults.
-const (
-	DefaultPrefetchCount          = 16
-	DefaultConcurrentMessageLimit = 8
-)
+// DefaultConcurrentMessageLimit is an endpoint's ConcurrentMessageLimit
+// when it sets none; PrefetchCount defaults to the limit.
+const DefaultConcurrentMessageLimit = 8
 
 // Endpoint is a receive endpoint: a queue and the consumers that handle its
 // messages, dispatched by message type. Configure it inside the function
@@ -52,7 +50,11 @@ type Endpoint struct {
 	name string
 
 	// PrefetchCount is how many unacknowledged messages the broker may push
-	// to the endpoint. Defaults to 16; must be >= ConcurrentMessageLimit.
+	// to the endpoint; must be >= ConcurrentMessageLimit. Defaults to
+	// ConcurrentMessageLimit: one message per handler, so that a message
+	// retried in process (its handler waiting out the backoff) holds no
+	// other message behind it. A larger value saves a broker round trip
+	// per message where handlers rarely retry.
 	PrefetchCount int
 	// ConcurrentMessageLimit is how many messages the endpoint handles at
 	// once. Defaults to 8.
@@ -125,11 +127,11 @@ func (e *Endpoint) finish() []error {
 	bad := func(format string, args ...any) {
 		errs = append(errs, configErr("endpoint %q: "+format, append([]any{e.name}, args...)...))
 	}
-	if e.PrefetchCount == 0 {
-		e.PrefetchCount = DefaultPrefetchCount
-	}
 	if e.ConcurrentMessageLimit == 0 {
 		e.ConcurrentMessageLimit = DefaultConcurrentMessageLimit
+	}
+	if e.PrefetchCount == 0 {
+		e.PrefetchCount = max(e.ConcurrentMessageLimit, 1)
 	}
 	if e.PrefetchCount < 0 {
 		bad("PrefetchCount %d is negative", e.PrefetchCount)

@@ -244,7 +244,7 @@ func Example_endpointFields() {
 	// snippet:start config-endpoint
 	opts := []bus.Option{bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, handle)
-		e.PrefetchCount = 32                                                   // default 16
+		e.PrefetchCount = 32                                                   // default ConcurrentMessageLimit
 		e.ConcurrentMessageLimit = 16                                          // default 8; at most PrefetchCount
 		e.Retry = endpoint.Exponential(5, 200*time.Millisecond, 5*time.Second) // default Exponential(3, 100ms, 2s)
 		e.Redelivery = []time.Duration{time.Minute, 10 * time.Minute}          // default none

@@ -243,8 +243,17 @@ type ReturnedError struct {
 	Text       string
 }
 
-// Unwrap makes the error match transport.ErrUnroutable.
-func (e *ReturnedError) Unwrap() error { return transport.ErrUnroutable }
+// Unwrap makes the error match transport.ErrUnroutable, and, for a send to
+// a queue (the default exchange), outbox.ErrUndeliverable: that queue does
+// not exist, so the relay parks the row at once — with the broker's reason,
+// for an operator to requeue once the queue exists — rather than retrying it
+// for minutes (a publish to an exchange nobody is bound to yet is retried).
+func (e *ReturnedError) Unwrap() []error {
+	if e.Exchange == "" {
+		return []error{transport.ErrUnroutable, outbox.ErrUndeliverable}
+	}
+	return []error{transport.ErrUnroutable}
+}
 
 func (e *ReturnedError) Error() string {
 	dest := fmt.Sprintf("exchange %q with routing key %q", e.Exchange, e.RoutingKey)

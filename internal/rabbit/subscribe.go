@@ -32,14 +32,13 @@ type subscriber struct {
 // prefetchFor divides an endpoint's PrefetchCount across its concurrent
 // handlers (one subscription each), rounding up, at least 1.
 func prefetchFor(ep *endpoint.Endpoint) int {
-	prefetch, limit := endpoint.DefaultPrefetchCount, endpoint.DefaultConcurrentMessageLimit
-	if ep != nil {
-		if ep.PrefetchCount > 0 {
-			prefetch = ep.PrefetchCount
-		}
-		if ep.ConcurrentMessageLimit > 0 {
-			limit = ep.ConcurrentMessageLimit
-		}
+	limit := endpoint.DefaultConcurrentMessageLimit
+	if ep != nil && ep.ConcurrentMessageLimit > 0 {
+		limit = ep.ConcurrentMessageLimit
+	}
+	prefetch := limit
+	if ep != nil && ep.PrefetchCount > 0 {
+		prefetch = ep.PrefetchCount
 	}
 	return max(1, (prefetch+limit-1)/limit)
 }
