@@ -638,3 +638,56 @@ func TestRetryingMessageHoldsNoNeighbourBehindIt(t *testing.T) {
 		}
 	}
 }
+
+// TestSendToAMissingQueueParkedAtOnce: through the outbox on RabbitMQ, a
+// send to a queue that does not exist is parked at its first attempt with
+// the broker's reason (not retried for minutes); the row beside it is
+// delivered.
+func TestSendToAMissingQueueParkedAtOnce(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("PaymentReceived")
+	q := env.q("beside-missing")
+	got := make(chan string, 4)
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				got <- c.MessageID
+				return nil
+			}, endpoint.AsMessageType(typ))
+		})
+	})...)
+	ctx := context.Background()
+	missing := "queue:no-such-queue-" + env.suffix
+	if err := b.Transaction(ctx, func(tx *gorm.DB) error {
+		if err := b.SendTx(ctx, tx, missing, PaymentReceived{PaymentID: "lost"}, bus.Headers{bus.HeaderMessageID: "missing-" + env.suffix}); err != nil {
+			return err
+		}
+		return b.SendTx(ctx, tx, q, PaymentReceived{PaymentID: "ok"}, bus.Headers{bus.HeaderMessageID: "beside-" + env.suffix, bus.HeaderMessageType: typ})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-got:
+		if id != "beside-"+env.suffix {
+			t.Fatalf("consumed %q", id)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the row beside the missing queue's was not delivered")
+	}
+	waitFor(t, func() bool {
+		rows, err := b.OutboxStore().List(ctx, outbox.Query{Status: outbox.StatusParked})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.MessageID == "missing-"+env.suffix {
+				if r.Attempts != 1 || !strings.Contains(r.LastError, "returned unroutable") {
+					t.Fatalf("parked row: attempts %d, last error %q", r.Attempts, r.LastError)
+				}
+				return true
+			}
+		}
+		return false
+	})
+}
