@@ -89,7 +89,7 @@ type ClassResult struct {
 	// more than one attempt), Accepted (a publish that had to be refused)
 	// and Effects (effect rows of poison ids) count violations.
 	NotTerminal, TooSlow, WrongReason, Retried, Accepted, Effects int
-	Samples                                                      []string
+	Samples                                                       []string
 }
 
 // PoisonReport is the poison checker's verdict.

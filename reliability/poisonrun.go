@@ -62,7 +62,7 @@ func (r *run) runPhases(ctx context.Context) error {
 		// so that each phase's latency is its own.
 		settled := r.waitGoodProcessed(ctx, time.Minute)
 		r.res.PhaseLog = append(r.res.PhaseLog, fmt.Sprintf("%s: produced in %v, processed %v later (settled: %v)",
-			ph.Name, produced.Round(time.Millisecond), (time.Since(start) - produced).Round(time.Millisecond), settled))
+			ph.Name, produced.Round(time.Millisecond), (time.Since(start)-produced).Round(time.Millisecond), settled))
 	}
 	r.res.Load = time.Since(loadStart)
 	r.env.Logf("phases done in %s; draining", r.res.Load.Round(time.Millisecond))
