@@ -104,7 +104,9 @@ type PoisonReport struct {
 	// phase's p99 over it (0 when a phase has no samples).
 	BaselineP99, PoisonP99 time.Duration
 	Ratio                  float64
-	Reconnects             int64
+	// NoLatency lists phases without a single processed good message.
+	NoLatency  []string
+	Reconnects int64
 }
 
 // EvaluatePoison judges o.
@@ -197,9 +199,12 @@ func EvaluatePoison(o PoisonObservations) *PoisonReport {
 	}
 	var base []time.Duration
 	for _, l := range o.Latency {
-		if l.Phase == o.PoisonPhase {
+		switch {
+		case l.Samples == 0 || l.P99 <= 0:
+			rep.NoLatency = append(rep.NoLatency, l.Phase)
+		case l.Phase == o.PoisonPhase:
 			rep.PoisonP99 = l.P99
-		} else {
+		default:
 			base = append(base, l.P99)
 		}
 	}
@@ -254,8 +259,8 @@ func (r *PoisonReport) Failures() []string {
 		out = append(out, fmt.Sprintf("poison: %d dead letters with a poison key the producer never recorded", r.StrayDeadLetters))
 	}
 	switch {
-	case r.BaselineP99 <= 0 || r.PoisonP99 <= 0:
-		out = append(out, "poison: no latency samples for a baseline or the poison phase")
+	case len(r.NoLatency) > 0 || r.BaselineP99 <= 0 || r.PoisonP99 <= 0:
+		out = append(out, fmt.Sprintf("poison: no latency samples (no good message processed) in phases %s", strings.Join(r.NoLatency, ", ")))
 	case r.Ratio > r.Bounds.P99Ratio:
 		out = append(out, fmt.Sprintf("poison: good traffic's p99 during poison is %v, %.2fx the baselines' mean %v (bound %.1fx)",
 			r.PoisonP99.Round(time.Millisecond), r.Ratio, r.BaselineP99.Round(time.Millisecond), r.Bounds.P99Ratio))

@@ -126,8 +126,11 @@ func TestPoisonCheckerDetectsViolations(t *testing.T) {
 		}, "poison: 1 good messages dead-lettered"},
 		{"p99 over the bound", func(o *reliability.PoisonObservations) { o.Latency[1].P99 = 250 * time.Millisecond },
 			"good traffic's p99 during poison is 250ms, 2.50x the baselines' mean 100ms (bound 2.0x)"},
-		{"no latency samples", func(o *reliability.PoisonObservations) { o.Latency[1] = reliability.PhaseLatency{Phase: "poison"} },
-			"poison: no latency samples"},
+		{"no latency samples in the poison phase", func(o *reliability.PoisonObservations) { o.Latency[1] = reliability.PhaseLatency{Phase: "poison"} },
+			"poison: no latency samples (no good message processed) in phases poison"},
+		{"no latency samples in a baseline (the bus stalled for good)", func(o *reliability.PoisonObservations) {
+			o.Latency[2] = reliability.PhaseLatency{Phase: "baseline-2"}
+		}, "poison: no latency samples (no good message processed) in phases baseline-2"},
 		{"a reconnect", func(o *reliability.PoisonObservations) { o.Reconnects = 1 },
 			"poison: 1 transport reconnects in the processes; want 0"},
 	} {
