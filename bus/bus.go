@@ -58,6 +58,10 @@ const (
 	HeaderFaultTime       = wire.HeaderFaultTime
 	HeaderFaultExchange   = wire.HeaderFaultExchange
 	HeaderFaultRoutingKey = wire.HeaderFaultRoutingKey
+	// HeaderFaultMessageID holds, quoted, the original id of a message
+	// dead-lettered because its id cannot be stored (NUL byte, invalid
+	// UTF-8, over 1024 bytes); the dead letter has a stand-in id.
+	HeaderFaultMessageID = wire.HeaderFaultMessageID
 	// HeaderRedeliveryCount counts delayed redeliveries (Endpoint.Redelivery).
 	HeaderRedeliveryCount = wire.HeaderRedeliveryCount
 	// HeaderDestination is where a received message was sent
@@ -95,6 +99,7 @@ type Bus struct {
 	inFlight   atomic.Int64
 	ctr        counters
 	tel        *telemetry
+	gate       *dbGate
 }
 
 // New builds a bus from options. It performs no I/O: connections are made
@@ -140,6 +145,7 @@ func New(opts ...Option) (*Bus, error) {
 
 	b := &Bus{cfg: c, log: c.logger}
 	b.tel = newTelemetry(c.telemetry, c.transport)
+	b.gate = newDBGate(b, b.log)
 	seen := map[string]bool{}
 	for _, eps := range c.endpoints {
 		errs = append(errs, eps.Errs()...)
@@ -335,6 +341,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
 	}
 	b.cancel()
+	b.gate.close()
 	b.bg.Wait()
 	// Flush what committed transactions left in the outbox, within ctx.
 	for ctx.Err() == nil {

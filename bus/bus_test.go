@@ -2,7 +2,6 @@ package bus_test
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -698,29 +697,5 @@ func TestHandlerTimeoutStillDeadLetters(t *testing.T) {
 	case <-dead:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("an endpoint with HandlerTimeout must still dead-letter; stats %+v", b.Stats())
-	}
-}
-
-func TestDatabaseUnavailableRequeuesInsteadOfDeadLettering(t *testing.T) {
-	t.Parallel()
-	var calls atomic.Int32
-	done := make(chan struct{})
-	b := start(t, quiet(), bus.ReceiveEndpoint("db-blip", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.NoRetry()
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
-			if calls.Add(1) == 1 {
-				return fmt.Errorf("insert row: %w", driver.ErrBadConn)
-			}
-			close(done)
-			return nil
-		})
-	}))
-	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	drain(t, b)
-	if s := b.Stats(); s.DeadLettered != 0 || s.Requeued != 1 || s.Consumed != 1 {
-		t.Fatalf("stats %+v; a database outage must requeue the message, not dead-letter it", s)
 	}
 }

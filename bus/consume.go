@@ -2,13 +2,10 @@ package bus
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -17,7 +14,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/endpoint"
@@ -106,60 +102,21 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		b.inFlight.Add(1)
 		defer b.inFlight.Add(-1)
 		ctx := msg.Context()
-		attempts := 0
-		op := func() (struct{}, error) {
-			attempts++
-			actx := ctx
-			if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
-				var cancel context.CancelFunc
-				actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
-				defer cancel()
-			}
-			err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
-			b.tel.attemptDone(ctx, attempts, err)
-			switch {
-			case err == nil:
-				return struct{}{}, nil
-			case errors.Is(err, inbox.ErrBusy), ctx.Err() != nil:
-				return struct{}{}, backoff.Permanent(err)
-			case endpoint.IsPermanent(err):
-				return struct{}{}, backoff.Permanent(err)
-			case ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err):
-				return struct{}{}, backoff.Permanent(err)
-			}
-			if attempts < maxTries(ep.Retry) { // the last failure is not retried
-				b.ctr.retries.Add(1)
-				b.tel.note(ctx, evRetried)
-				log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
-			}
-			return struct{}{}, err
-		}
-		_, err := backoff.Retry(ctx, op, backoff.WithBackOff(retryBackOff(ep.Retry)),
-			backoff.WithMaxTries(uint(maxTries(ep.Retry))), backoff.WithMaxElapsedTime(0))
-		var pe *backoff.PermanentError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
+		attempts, err := b.consume(ctx, ep, disp, mw, msg, log)
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, inbox.ErrBusy), ctx.Err() != nil:
-			// Shutting down (the wait for a busy entry ends only then): the
-			// broker redelivers.
+		case errors.Is(err, errHandBack):
+			// Shutting down (the wait for a busy entry or for the database
+			// ends only then): the broker redelivers.
 			b.ctr.requeued.Add(1)
-			return requeue(msg)
-		case isStoreError(err):
-			// The database failed, not the consumer: dead-lettering would
-			// misfile a healthy message. Requeue after a pause instead.
-			b.ctr.requeued.Add(1)
-			log.WarnContext(ctx, "database unavailable; message requeued", "message_id", msg.UUID, "error", err)
-			pause(ctx, time.Second)
 			return requeue(msg)
 		}
 		if n, ok := redeliveries(ep, msg, err); ok {
-			if rErr := b.redeliver(context.WithoutCancel(ctx), ep, msg, n, err); rErr != nil {
+			if rErr := b.settle(ctx, log, "scheduling a redelivery", func(sctx context.Context) error {
+				return b.redeliver(sctx, ep, msg, n, err)
+			}); rErr != nil {
 				b.ctr.requeued.Add(1)
-				log.ErrorContext(ctx, "scheduling a redelivery failed; message requeued", "message_id", msg.UUID, "error", rErr, "reason", err)
 				return requeue(msg)
 			}
 			b.ctr.redelivered.Add(1)
@@ -168,45 +125,108 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 				"redelivery", n+1, "delay", ep.Redelivery[n], "error", err)
 			return nil
 		}
-		if dlErr := b.deadLetter(context.WithoutCancel(ctx), ep, msg, err, attempts); dlErr != nil {
+		if dlErr := b.settle(ctx, log, "dead-lettering", func(sctx context.Context) error {
+			return b.deadLetter(sctx, ep, msg, err, attempts)
+		}); dlErr != nil {
 			b.ctr.requeued.Add(1)
-			log.ErrorContext(ctx, "dead-lettering failed; message requeued", "message_id", msg.UUID, "error", dlErr, "reason", err)
 			return requeue(msg)
 		}
 		b.ctr.deadLettered.Add(1)
 		b.tel.note(ctx, evDeadLettered)
-		log.WarnContext(ctx, "message dead-lettered", "message_id", msg.UUID, "message_type", msg.Metadata.Get(wire.HeaderMessageType),
+		log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", msg.Metadata.Get(wire.HeaderMessageType),
 			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
 		return nil
 	}
 }
 
-// isStoreError reports whether err came from the database being
-// unavailable rather than from a consumer: a store operation failed, or a
-// consumer's own statement failed because the connection did.
-func isStoreError(err error) bool {
-	var se *inbox.StoreError
-	if errors.As(err, &se) {
-		return true
+// errHandBack says the delivery ends without a verdict: the bus is stopping
+// and the message goes back to the broker.
+var errHandBack = errors.New("bus: stopping; message handed back to the broker")
+
+// consume runs a delivery to a verdict: nil (consumed or a duplicate), the
+// consumer's last failure (for redelivery or the dead letter), or
+// errHandBack. It returns how many attempts ran. Failures are counted
+// against the retry policy only when they are the consumer's (or this
+// message's); a lock taken over by another delivery and a database outage
+// are waited out uncounted, holding the message unacknowledged, so no
+// requeue loop burns a quorum queue's delivery limit.
+func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, log *slog.Logger) (attempts int, err error) {
+	if err := checkInboundID(msg.UUID); err != nil {
+		return 0, endpoint.Permanent(err)
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
-		return true
+	tries := maxTries(ep.Retry)
+	bo := retryBackOff(ep.Retry)
+	bo.Reset()
+	failures := 0
+	for {
+		if b.gate.wait(ctx) != nil {
+			return attempts, errHandBack
+		}
+		attempts++
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
+			actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
+		}
+		err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
+		cancel()
+		kind, err := b.classify(ctx, err)
+		switch kind {
+		case outcomeOK:
+			b.tel.attemptDone(ctx, attempts, nil)
+			return attempts, nil
+		case outcomeShutdown:
+			return attempts, errHandBack
+		case outcomeLockLost:
+			// Another delivery took the entry over; the inbox will say
+			// whether it committed (a duplicate then) or let it go.
+			log.DebugContext(ctx, "inbox lock taken over by another delivery; looking again", "message_id", msg.UUID)
+			continue
+		case outcomeOutage:
+			b.gate.down(ctx, err)
+			continue
+		}
+		b.tel.attemptDone(ctx, attempts, err)
+		failures++
+		if failures >= tries || endpoint.IsPermanent(err) || (ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err)) {
+			return attempts, err
+		}
+		b.ctr.retries.Add(1)
+		b.tel.note(ctx, evRetried)
+		log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
+		if d := bo.NextBackOff(); d > 0 {
+			pause(ctx, d)
+		}
 	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
+}
+
+// settle runs a redelivery or dead letter until the transport confirms it,
+// backing off while it fails (a broker outage), so that a failing transport
+// causes no requeue loop. It gives up, for a requeue, only when the bus stops.
+func (b *Bus) settle(ctx context.Context, log *slog.Logger, what string, fn func(context.Context) error) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 100 * time.Millisecond
+	bo.MaxInterval = 10 * time.Second
+	for n := 1; ; n++ {
+		err := fn(context.WithoutCancel(ctx))
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			log.WarnContext(ctx, what+" failed while stopping; message handed back to the broker", "error", err)
+			return err
+		}
+		d := bo.NextBackOff()
+		log.WarnContext(ctx, what+" failed; trying again", "error", err, "try", n, "retry_in", d)
+		pause(ctx, d)
 	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return true
+}
+
+// quoteIfBad shows an id that failed checkInboundID safely in logs.
+func quoteIfBad(id string) string {
+	if checkInboundID(id) != nil {
+		return quoteID(id)
 	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		// Class 08: connection exception; 57P01-03: the server is shutting
-		// down, crashed, or not accepting connections yet.
-		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
-	}
-	return false
+	return id
 }
 
 func pause(ctx context.Context, d time.Duration) {
@@ -277,9 +297,6 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 
 	var err error
 	switch {
-	case len(msg.UUID) > maxInboundIDLen:
-		// Longer ids cannot be an inbox key (index rows have a size limit).
-		return endpoint.Permanent(fmt.Errorf("message id is %d bytes; ids of at most %d bytes can be deduplicated", len(msg.UUID), maxInboundIDLen))
 	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
 		return endpoint.Permanent(ErrMissingMessageID)
 	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:
@@ -379,6 +396,12 @@ func copyOf(msg *message.Message, dest string) *outbox.Message {
 // with fault headers, and returns once the transport confirmed it.
 func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, cause error, attempts int) error {
 	m := copyOf(msg, wire.QueuePrefix+ep.ErrorQueue)
+	if id := storableID(msg.UUID); id != msg.UUID {
+		// The dead letter must be storable itself: a stand-in id derived
+		// from the bad one, which is kept (quoted) in a header.
+		m.MessageID = id
+		m.Headers[wire.HeaderFaultMessageID] = quoteID(msg.UUID)
+	}
 	if ep.Queue.DeadLetterExchange != "" {
 		m.Destination = wire.ExchangePrefix + ep.Queue.DeadLetterExchange
 		m.RoutingKey = ep.Queue.DeadLetterRoutingKey

@@ -116,7 +116,16 @@ func (b *Bus) CheckHealth(ctx context.Context) HealthReport {
 	} else {
 		dbErr = sqlDB.PingContext(ctx)
 	}
-	add(HealthCheckDatabase, dbErr, nil)
+	since, cause, outages := b.gate.state()
+	dbDetails := map[string]any{"consumptionPaused": !since.IsZero(), "outages": outages}
+	if !since.IsZero() {
+		dbDetails["pausedForSeconds"] = time.Since(since).Seconds()
+		if dbErr == nil {
+			// The ping answered but the prober has not yet resumed.
+			dbErr = fmt.Errorf("consumption paused since %s: %s", since.UTC().Format(time.RFC3339), cause)
+		}
+	}
+	add(HealthCheckDatabase, dbErr, dbDetails)
 	details, err := b.checkRelay(ctx)
 	add(HealthCheckRelay, err, details)
 

@@ -16,8 +16,9 @@ type Stats struct {
 	Redelivered int64
 	// DeadLettered counts messages moved to a dead-letter destination.
 	DeadLettered int64
-	// Requeued counts deliveries handed back to the broker (inbox busy,
-	// shutdown, dead-lettering failed).
+	// Requeued counts deliveries handed back to the broker when the bus
+	// stopped before they reached a verdict (waiting for a busy inbox entry
+	// or for the database, or retrying a dead letter the transport refused).
 	Requeued int64
 	// InFlight is how many messages are being handled now.
 	InFlight int64

@@ -127,6 +127,8 @@ type telemetry struct {
 	published, consumed, failed, retried, redelivered, deadLettered, duplicates metric.Int64Counter
 
 	inFlight        metric.Int64UpDownCounter
+	dbOutages       metric.Int64Counter
+	dbPaused        metric.Int64UpDownCounter
 	handlerDuration metric.Float64Histogram
 	relayLag        metric.Float64Histogram
 
@@ -194,6 +196,16 @@ func newTelemetry(c telemetryConfig, kind transportKind) *telemetry {
 		metric.WithDescription("Deliveries being handled now."), metric.WithUnit("{message}")); err != nil {
 		otel.Handle(err)
 		t.inFlight, _ = noop.Int64UpDownCounter("barewire.messages.in_flight")
+	}
+	if t.dbOutages, err = m.Int64Counter("barewire.database.outages",
+		metric.WithDescription("Times consumption paused because the database stopped answering."), metric.WithUnit("{outage}")); err != nil {
+		otel.Handle(err)
+		t.dbOutages, _ = noop.Int64Counter("barewire.database.outages")
+	}
+	if t.dbPaused, err = m.Int64UpDownCounter("barewire.database.paused",
+		metric.WithDescription("1 while consumption is paused for a database outage, else 0."), metric.WithUnit("{outage}")); err != nil {
+		otel.Handle(err)
+		t.dbPaused, _ = noop.Int64UpDownCounter("barewire.database.paused")
 	}
 	histogram := func(name, desc string) metric.Float64Histogram {
 		h, err := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"),
@@ -467,11 +479,9 @@ type observationKey struct{}
 // observation is what one delivery's handling noted, for its span and
 // metrics.
 type observation struct {
-	attrs    metric.MeasurementOption
-	span     trace.Span
-	maxTries int
-	attempts atomic.Int64
-	outcome  atomic.Pointer[string]
+	attrs   metric.MeasurementOption
+	span    trace.Span
+	outcome atomic.Pointer[string]
 }
 
 func (o *observation) setOutcome(s string) { o.outcome.Store(&s) }
@@ -530,7 +540,7 @@ func (b *Bus) instrument(ep *endpoint.Endpoint, next message.NoPublishHandlerFun
 		if c := msg.Metadata.Get(wire.HeaderCorrelationID); c != "" {
 			span.SetAttributes(attrMsgConversation.String(c))
 		}
-		o := &observation{attrs: metric.WithAttributes(attrs...), span: span, maxTries: maxTries(ep.Retry)}
+		o := &observation{attrs: metric.WithAttributes(attrs...), span: span}
 		key := inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()}
 		if key.MessageID != "" {
 			t.inflightMu.Lock()
@@ -597,9 +607,6 @@ func (t *telemetry) note(ctx context.Context, ev event) {
 		o.setOutcome(outcomeConsumed)
 		t.consumed.Add(ctx, 1, o.attrs)
 	case evRetried:
-		if n := o.attempts.Load(); n > 0 && n >= int64(o.maxTries) {
-			return // the last attempt failed: nothing is retried
-		}
 		t.retried.Add(ctx, 1, o.attrs)
 		o.span.AddEvent("retry")
 	case evRedelivered:
@@ -613,6 +620,16 @@ func (t *telemetry) note(ctx context.Context, ev event) {
 	}
 }
 
+// outage records the start (down) or end of a database outage.
+func (t *telemetry) outage(ctx context.Context, down bool) {
+	if down {
+		t.dbOutages.Add(ctx, 1)
+		t.dbPaused.Add(ctx, 1)
+		return
+	}
+	t.dbPaused.Add(ctx, -1)
+}
+
 // attemptDone records a failed consumer attempt (an inbox lock held by
 // another delivery is not a failure).
 func (t *telemetry) attemptDone(ctx context.Context, attempt int, err error) {
@@ -620,7 +637,6 @@ func (t *telemetry) attemptDone(ctx context.Context, attempt int, err error) {
 	if o == nil {
 		return
 	}
-	o.attempts.Store(int64(attempt))
 	if err == nil || errors.Is(err, inbox.ErrBusy) {
 		return
 	}

@@ -34,6 +34,10 @@ const (
 	HeaderFaultTime       = "BW-Fault-Time"
 	HeaderFaultExchange   = "BW-Fault-Exchange"
 	HeaderFaultRoutingKey = "BW-Fault-RoutingKey"
+	// HeaderFaultMessageID holds, quoted, the original id of a message
+	// dead-lettered because its id could not be stored (NUL, invalid UTF-8,
+	// too long); the dead letter carries a stand-in id derived from it.
+	HeaderFaultMessageID = "BW-Fault-MessageID"
 
 	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
 	HeaderRedeliveryCount = "BW-Redelivery-Count"
