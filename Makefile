@@ -8,10 +8,11 @@ all: lint test
 
 ## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL.
 ## The reliability suite runs on its own afterwards: it restarts PostgreSQL and closes
-## broker connections, which would break tests running beside it.
+## broker connections, which would break tests running beside it. It includes the
+## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport).
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 12m ./reliability/...
+	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m ./reliability/...
 
 ## test-short: embedded-only tests (no services)
 test-short:
