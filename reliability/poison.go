@@ -169,7 +169,8 @@ func EvaluatePoison(o PoisonObservations) *PoisonReport {
 						cr.WrongReason++
 						sample("%s in %s: reason %q", s.Key, d.Queue, clip(d.Reason, 120))
 					}
-					if spec.Permanent && d.Attempts != 1 {
+					// 0: refused before any consumer ran (a bad inbound id).
+					if spec.Permanent && d.Attempts > 1 {
 						cr.Retried++
 						sample("%s in %s: %d attempts for a permanent failure", s.Key, d.Queue, d.Attempts)
 					}
