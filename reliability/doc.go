@@ -35,7 +35,7 @@
 // message's workload.HeaderPoisonClass. Besides the exactly-once checker
 // (which leaves poison rows out), EvaluatePoison reports, per class, that
 // every message reached its terminal state (workload.TerminalDeadLetter
-// with the class's BW-Fault-Reason, at the first attempt for Permanent
+// with the class's BW-Fault-Reason, without a retry for Permanent
 // failures; TerminalRefused; TerminalRefusedOrParked) within
 // PoisonBounds.Terminal (30 s) with no business effect; that no good
 // message was dead-lettered; that good traffic's p99 latency during poison

@@ -65,8 +65,8 @@ type PoisonSpec struct {
 	// Reasons: a dead letter's BW-Fault-Reason must contain one of these
 	// (compared in lower case).
 	Reasons []string
-	// Permanent classes must be dead-lettered at the first attempt
-	// (BW-Fault-Attempts 1).
+	// Permanent classes must be dead-lettered without a retry
+	// (BW-Fault-Attempts 1, or 0 when refused before any consumer ran).
 	Permanent bool
 	// RabbitMQOnly classes are sent on the RabbitMQ transport only.
 	RabbitMQOnly bool
