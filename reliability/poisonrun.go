@@ -59,8 +59,9 @@ func (r *run) runPhases(ctx context.Context) error {
 		}
 		produced := time.Since(start)
 		// The next phase starts once this one's good traffic is processed,
-		// so that each phase's latency is its own.
-		settled := r.waitGoodProcessed(ctx, time.Minute)
+		// so that each phase's latency is its own (30 s: good traffic
+		// stalled longer fails the run anyway).
+		settled := r.waitGoodProcessed(ctx, 30*time.Second)
 		r.res.PhaseLog = append(r.res.PhaseLog, fmt.Sprintf("%s: produced in %v, processed %v later (settled: %v)",
 			ph.Name, produced.Round(time.Millisecond), (time.Since(start)-produced).Round(time.Millisecond), settled))
 	}
