@@ -224,7 +224,8 @@ func LongProfile() Profile {
 //     traffic (relay-kill stays in the script and is reported as skipped,
 //     with the reason);
 //   - db-close replaces broker-close;
-//   - fewer messages and a lower rate in the short profile: every message
+//   - fewer messages and a lower rate in the short profile, and a lower
+//     rate (60/s) in the poison one: every message
 //     costs the database the transport's commits on top of the inbox's, on
 //     the same (small, shared) machine. BAREWIRE_RELIABILITY_MESSAGES and
 //     BAREWIRE_RELIABILITY_RATE still override them.
@@ -244,6 +245,9 @@ func ForPostgresTransport(p Profile) Profile {
 		return out
 	}
 	p.Script, p.Random = swap(p.Script), swap(p.Random)
+	if p.Name == "poison" {
+		p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 60)
+	}
 	if p.Name == "short" {
 		p.Messages = envInt("BAREWIRE_RELIABILITY_MESSAGES", 2000)
 		p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 60)
