@@ -48,7 +48,8 @@ type Parked struct {
 type PhaseLatency struct {
 	Phase   string
 	Samples int64
-	P99     time.Duration
+	// P50 is reported only; P99 is judged.
+	P50, P99 time.Duration
 }
 
 // PoisonObservations is everything the poison checker judges, read from
@@ -281,7 +282,7 @@ func (r *PoisonReport) Lines() []string {
 			c.Class, c.Sent, c.Reached, c.Terminal+",", c.Slowest.Round(time.Millisecond), c.Effects))
 	}
 	for _, l := range r.Latency {
-		out = append(out, fmt.Sprintf("  good latency %-12s p99 %8v over %d effects", l.Phase, l.P99.Round(time.Millisecond), l.Samples))
+		out = append(out, fmt.Sprintf("  good latency %-12s p50 %8v, p99 %8v over %d effects", l.Phase, l.P50.Round(time.Millisecond), l.P99.Round(time.Millisecond), l.Samples))
 	}
 	out = append(out, fmt.Sprintf("  p99 ratio %.2f (poison %v / baselines' mean %v); good dead-lettered %d; reconnects %d",
 		r.Ratio, r.PoisonP99.Round(time.Millisecond), r.BaselineP99.Round(time.Millisecond), r.GoodDeadLetters, r.Reconnects))

@@ -145,14 +145,16 @@ func (r *run) checkPoison(ctx context.Context) (*PoisonReport, error) {
 	}
 	for _, ph := range r.prof.Phases {
 		var l struct {
-			N   int64
-			P99 float64
+			N        int64
+			P50, P99 float64
 		}
-		if err := db.Raw(`SELECT count(*) AS n, coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - p.created_at)), 0) AS p99
+		if err := db.Raw(`SELECT count(*) AS n,
+    coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - p.created_at)), 0) AS p50,
+    coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at - p.created_at)), 0) AS p99
 FROM `+n.Table(workload.TableEffects)+` e JOIN `+n.Table(workload.TableProduced)+` p ON p.message_id = e.message_id WHERE p.phase = ?`, ph.Name).Scan(&l).Error; err != nil {
 			return nil, fmt.Errorf("reliability: latency of phase %s: %w", ph.Name, err)
 		}
-		o.Latency = append(o.Latency, PhaseLatency{Phase: ph.Name, Samples: l.N, P99: time.Duration(l.P99 * float64(time.Second))})
+		o.Latency = append(o.Latency, PhaseLatency{Phase: ph.Name, Samples: l.N, P50: time.Duration(l.P50 * float64(time.Second)), P99: time.Duration(l.P99 * float64(time.Second))})
 	}
 	var errQueues []string
 	for _, q := range n.Queues() {
