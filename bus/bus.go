@@ -62,6 +62,9 @@ const (
 	// dead-lettered because its id cannot be stored (NUL byte, invalid
 	// UTF-8, over 1024 bytes); the dead letter has a stand-in id.
 	HeaderFaultMessageID = wire.HeaderFaultMessageID
+	// HeaderFaultUnroutable says why a dead letter is in the error queue
+	// rather than in the endpoint's DeadLetterExchange (it routed nowhere).
+	HeaderFaultUnroutable = wire.HeaderFaultUnroutable
 	// HeaderRedeliveryCount counts delayed redeliveries (Endpoint.Redelivery).
 	HeaderRedeliveryCount = wire.HeaderRedeliveryCount
 	// HeaderDestination is where a received message was sent
@@ -90,6 +93,8 @@ type Bus struct {
 	outboxSt outbox.Store
 	relay    *outbox.Relay
 	router   *message.Router
+	// wakeRelay is relay for wake, which consumers call while Stop holds mu.
+	wakeRelay atomic.Pointer[outbox.Relay]
 
 	mu         sync.Mutex
 	state      int // 0 new, 1 started, 2 stopped
@@ -160,6 +165,7 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	switch c.transport {
 	case transportRabbitMQ:
+		errs = append(errs, leaseVersusPublishTimeout(&c)...)
 		tr, err := rabbit.New(c.amqpURL, c.rabbit, c.logger)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: WithRabbitMQ: %w", ErrInvalidOption, err))
@@ -188,6 +194,30 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	return b, nil
 }
+
+// leaseVersusPublishTimeout keeps the relay's lease at least twice the
+// publish timeout: the relay may wait PublishTimeout for a batch's confirms
+// before settling it, and a lease that expires first lets another relay
+// claim and send the batch a second time. An unset PublishTimeout defaults
+// to 30s or half the lease, whichever is shorter.
+func leaseVersusPublishTimeout(c *config) []error {
+	lease, pt := c.outboxOpts.RelayLease, c.rabbit.PublishTimeout
+	if lease <= 0 || pt < 0 {
+		return nil // reported by the options' own validation
+	}
+	if pt == 0 {
+		c.rabbit.PublishTimeout = min(defaultPublishTimeout, lease/2)
+		return nil
+	}
+	if lease < 2*pt {
+		return []error{optErr("outbox RelayLease %v must be at least twice the RabbitMQ PublishTimeout %v (a relay waits up to PublishTimeout for confirms; a lease that expires first lets another relay send the batch again); raise RelayLease to %v or lower PublishTimeout to %v",
+			lease, pt, 2*pt, lease/2)}
+	}
+	return nil
+}
+
+// defaultPublishTimeout is endpoint.RabbitMQ's PublishTimeout default.
+const defaultPublishTimeout = 30 * time.Second
 
 func (b *Bus) useStore(db *gorm.DB, s *gormstore.Store) {
 	b.db = db
@@ -291,6 +321,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		b.relay.Notifier = n
 	}
 	b.instrumentRelay(b.relay)
+	b.wakeRelay.Store(b.relay)
 	b.bg.Go(func() { b.relay.Run(runCtx) })
 	b.bg.Go(func() {
 		(&inbox.Cleaner{Store: b.inboxSt, Retention: o.InboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log}).Run(runCtx)
@@ -330,6 +361,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 	b.state = 2
 	b.stopTelemetry()
 	var errs []error
+	b.gate.close() // waits for the database or a transport end; consumers drain
 	closed := make(chan error, 1)
 	go func() { closed <- b.router.Close() }()
 	select {
@@ -341,7 +373,6 @@ func (b *Bus) Stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
 	}
 	b.cancel()
-	b.gate.close()
 	b.bg.Wait()
 	// Flush what committed transactions left in the outbox, within ctx.
 	for ctx.Err() == nil {

@@ -139,6 +139,12 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 	}
 }
 
+// maxOutagesPerDelivery bounds how often one delivery may close the
+// database gate: a real outage closes it once for every delivery in hand
+// (they wait at it), so a delivery that keeps meeting connection failures
+// while probes succeed is charged with them instead.
+const maxOutagesPerDelivery = 10
+
 // errHandBack says the delivery ends without a verdict: the bus is stopping
 // and the message goes back to the broker.
 var errHandBack = errors.New("bus: stopping; message handed back to the broker")
@@ -157,7 +163,7 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	tries := maxTries(ep.Retry)
 	bo := retryBackOff(ep.Retry)
 	bo.Reset()
-	failures := 0
+	failures, outages := 0, 0
 	for {
 		if b.gate.wait(ctx) != nil {
 			return attempts, errHandBack
@@ -182,8 +188,13 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 			log.DebugContext(ctx, "inbox lock taken over by another delivery; looking again", "message_id", msg.UUID)
 			continue
 		case outcomeOutage:
-			b.gate.down(ctx, err)
-			continue
+			if outages++; outages <= maxOutagesPerDelivery {
+				b.gate.down(ctx, err)
+				continue
+			}
+			// The database keeps answering probes while this delivery keeps
+			// failing on a connection: charge it, or it would loop forever.
+			err = fmt.Errorf("%w (the %d-th database failure of this delivery while the database answered probes)", err, outages)
 		}
 		b.tel.attemptDone(ctx, attempts, err)
 		failures++
@@ -211,13 +222,23 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, what string, fn func
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			log.WarnContext(ctx, what+" failed while stopping; message handed back to the broker", "error", err)
-			return err
+		select {
+		case <-ctx.Done():
+		case <-b.gate.stopping():
+		default:
+			d := bo.NextBackOff()
+			log.WarnContext(ctx, what+" failed; trying again", "error", err, "try", n, "retry_in", d)
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+			case <-b.gate.stopping():
+			case <-t.C:
+			}
+			t.Stop()
+			continue
 		}
-		d := bo.NextBackOff()
-		log.WarnContext(ctx, what+" failed; trying again", "error", err, "try", n, "retry_in", d)
-		pause(ctx, d)
+		log.WarnContext(ctx, what+" failed while stopping; message handed back to the broker", "error", err)
+		return err
 	}
 }
 
@@ -368,7 +389,7 @@ func redeliveries(ep *endpoint.Endpoint, msg *message.Message, err error) (int, 
 func (b *Bus) redeliver(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, n int, cause error) error {
 	m := copyOf(msg, wire.QueuePrefix+ep.DelayQueue(ep.Redelivery[n]))
 	m.Headers[wire.HeaderRedeliveryCount] = strconv.Itoa(n + 1)
-	m.Headers[wire.HeaderFaultReason] = cause.Error()
+	m.Headers[wire.HeaderFaultReason] = wire.Truncate(cause.Error(), maxFaultReason)
 	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
 }
 
@@ -407,7 +428,7 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 		m.RoutingKey = ep.Queue.DeadLetterRoutingKey
 	}
 	h := m.Headers
-	h[wire.HeaderFaultReason] = cause.Error()
+	h[wire.HeaderFaultReason] = wire.Truncate(cause.Error(), maxFaultReason)
 	h[wire.HeaderFaultType] = errorType(cause)
 	h[wire.HeaderFaultEndpoint] = ep.Name()
 	h[wire.HeaderFaultAttempts] = strconv.Itoa(attempts)
@@ -422,9 +443,13 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 	}
 	var pe *PanicError
 	if errors.As(cause, &pe) {
-		h[wire.HeaderFaultStack] = pe.Stack
+		h[wire.HeaderFaultStack] = wire.Truncate(pe.Stack, maxFaultStack)
 	}
-	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+	if o := observationFrom(ctx); o != nil {
+		fh := maps.Clone(h)
+		o.faultHeaders.Store(&fh)
+	}
+	return b.deliverDeadLetter(ctx, ep, m)
 }
 
 func errorType(err error) string {

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 
+	"github.com/barewire-go/barewire/internal/rabbit"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -28,3 +29,13 @@ func IdleForTest(b *Bus) bool {
 	st, err := b.outboxSt.Stats(context.Background())
 	return err == nil && st.Pending == 0
 }
+
+// DeliverForTest hands m to the transport as it is, bypassing the checks
+// of Publish (what a foreign producer could put on the broker).
+func DeliverForTest(b *Bus, m *outbox.Message) error {
+	return b.tr.Deliver(context.Background(), []*outbox.Message{m})[0]
+}
+
+// RabbitConnectsForTest returns how many connections the bus's RabbitMQ
+// transport has made (1 + reconnects).
+func RabbitConnectsForTest(b *Bus) int64 { return b.tr.(*rabbit.Transport).Connects() }

@@ -145,7 +145,7 @@ func newDBGate(b *Bus, log *slog.Logger) *dbGate {
 }
 
 // wait returns at once while the database is up; during an outage it
-// blocks until the database answers again or ctx ends (then ctx's error).
+// blocks until the database answers again, ctx ends or the bus stops.
 func (g *dbGate) wait(ctx context.Context) error {
 	g.mu.Lock()
 	open := g.open
@@ -160,8 +160,15 @@ func (g *dbGate) wait(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-g.stop:
+		return errHandBack
 	}
 }
+
+// stopping is closed when Stop begins: waits for the database or for a
+// transport to take a dead letter end then (the consumer's own work does
+// not: Stop drains it).
+func (g *dbGate) stopping() <-chan struct{} { return g.stop }
 
 // down closes the gate (if it is open) and starts probing.
 func (g *dbGate) down(ctx context.Context, cause error) {

@@ -524,3 +524,55 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 	}
 	t.Logf("outage %v: %d messages processed once after it; log lines paused=%d resumed=%d per-message=%d", outage, n, paused, resumed, perMessage)
 }
+
+// TestStopDuringDatabaseOutage: deliveries waiting for the database end
+// when Stop begins (handed back to the broker), so Stop does not wait for
+// the database to return.
+func TestStopDuringDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	db, proxy := proxied(t, env)
+	ran := make(chan struct{}, 1)
+	b, err := bus.New(quiet(), pgOutbox(env, db), bus.ReceiveEndpoint("stop-in-outage", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			ran <- struct{}{}
+			return nil
+		})
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	if err := b.Publish(ctx, PaymentReceived{PaymentID: "p"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, c := range b.CheckHealth(ctx).Checks {
+			if c.Name == bus.HealthCheckDatabase && c.Details["consumptionPaused"] == true {
+				return true
+			}
+		}
+		return false
+	})
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	began := time.Now()
+	_ = b.Stop(sctx) // the store's close may report the cut connection
+	if d := time.Since(began); d > 5*time.Second {
+		t.Fatalf("Stop took %v during a database outage; want the waiting delivery handed back at once", d)
+	}
+	// Requeued may exceed 1: the in-process transport hands the message
+	// straight back until its subscription closes.
+	if s := b.Stats(); s.Requeued < 1 || s.Consumed != 0 {
+		t.Fatalf("stats %+v; want the waiting delivery handed back, not consumed", s)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the consumer ran while the database was down")
+	default:
+	}
+}

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,6 +181,39 @@ func TestCleanupBatchSizeBoundsEachDelete(t *testing.T) {
 		got := capture.snapshot(table)
 		if len(got) < 4 || slices.Max(got) != 3 {
 			t.Errorf("%s: deletes removed %v rows; want batches of at most 3 (3, 3, 3, 1)", table, got)
+		}
+	}
+}
+
+// TestRelayLeaseMustExceedPublishTimeout: a relay lease not at least twice
+// the publish timeout lets a slow confirm outlive the lease, so another
+// relay sends the batch a second time; bus.New refuses it, naming both.
+func TestRelayLeaseMustExceedPublishTimeout(t *testing.T) {
+	t.Parallel()
+	newBus := func(lease, pt time.Duration) error {
+		_, err := bus.New(quiet(),
+			bus.WithRabbitMQ("amqp://guest:guest@127.0.0.1:5672/", func(r *endpoint.RabbitMQ) { r.PublishTimeout = pt }),
+			bus.WithOutboxOptions(func(o *outbox.Options) { o.RelayLease = lease }))
+		return err
+	}
+	for _, tc := range []struct {
+		lease, pt time.Duration
+		ok        bool
+	}{
+		{30 * time.Second, 30 * time.Second, false}, // equal: the case the issue names
+		{30 * time.Second, 20 * time.Second, false},
+		{30 * time.Second, 15 * time.Second, true},
+		{0, 0, true},                // defaults: 1m lease, 30s timeout
+		{3 * time.Second, 0, true},  // an unset timeout follows a short lease
+		{0, 30 * time.Second, true}, // explicit timeout, default lease
+		{0, 45 * time.Second, false},
+	} {
+		err := newBus(tc.lease, tc.pt)
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("lease %v, publish timeout %v: %v", tc.lease, tc.pt, err)
+		case !tc.ok && (!errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), "RelayLease") || !strings.Contains(err.Error(), "PublishTimeout")):
+			t.Errorf("lease %v, publish timeout %v: %v; want ErrInvalidOption naming RelayLease and PublishTimeout", tc.lease, tc.pt, err)
 		}
 	}
 }

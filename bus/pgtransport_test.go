@@ -833,3 +833,31 @@ func TestPostgresTransportAcksInTheConsumersTransaction(t *testing.T) {
 		t.Errorf("the transport's ack took the in-transaction ack for a lost lease:\n%s", logs.String())
 	}
 }
+
+// TestPostgresTransportDeadLetterExchangeUnroutable: a dead letter to a
+// DeadLetterExchange no queue is bound to used to write no row (lost, the
+// original acked); it goes to the error queue with BW-Fault-Unroutable.
+func TestPostgresTransportDeadLetterExchangeUnroutable(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	typ := "Doomed-" + env.suffix
+	ep := "doomed-" + env.suffix
+	dlx := "dlx-nowhere-" + env.suffix
+	b := start(t, env.options(env.db, func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
+			e.Queue.DeadLetterExchange = dlx
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				return endpoint.Permanent(errors.New("doomed"))
+			}, endpoint.ForTypes(typ))
+		})
+	})...)
+	if err := b.Publish(context.Background(), bus.Raw{Type: typ, Body: []byte("x")}, bus.Headers{bus.HeaderMessageID: "doomed-1"}); err != nil {
+		t.Fatal(err)
+	}
+	var headers []map[string]string
+	waitFor(t, func() bool { headers, _ = env.rows(t, ep+"_error"); return len(headers) == 1 })
+	if u := headers[0][bus.HeaderFaultUnroutable]; !strings.Contains(u, dlx) {
+		t.Errorf("%s = %q; want it to name %s", bus.HeaderFaultUnroutable, u, dlx)
+	}
+}

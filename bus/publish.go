@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -22,9 +24,6 @@ type Raw struct {
 	ContentType string // Defaults to application/octet-stream.
 	Body        []byte
 }
-
-// maxIDLen bounds message ids so that they fit the inbox key.
-const maxIDLen = 200
 
 // TxFromContext returns the GORM transaction a consumer runs in (the one the
 // inbox marks in and the outbox writes to), or nil when ctx carries none.
@@ -97,10 +96,8 @@ func (b *Bus) Transaction(ctx context.Context, fn func(tx *gorm.DB) error) error
 }
 
 func (b *Bus) wake() {
-	b.mu.Lock()
-	r := b.relay
-	b.mu.Unlock()
-	if r != nil {
+	// Not b.mu: Stop holds it while it waits for the consumers that call this.
+	if r := b.wakeRelay.Load(); r != nil {
 		r.Wake()
 	}
 }
@@ -183,9 +180,6 @@ func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Me
 	if m.MessageID == "" {
 		m.MessageID = wire.NewID()
 	}
-	if len(m.MessageID) > maxIDLen {
-		return nil, fmt.Errorf("%w: message-id is %d bytes; at most %d", ErrInvalidMessage, len(m.MessageID), maxIDLen)
-	}
 	switch v := msg.(type) {
 	case Raw:
 		m.Payload = v.Body
@@ -237,5 +231,51 @@ func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Me
 	if len(h) > 0 {
 		m.Headers = h
 	}
+	// Refuse here what a transport or store could not carry later: at
+	// relay time it would fail (or, on AMQP, close the connection) again
+	// and again, long after the caller could have been told.
+	if err := wire.Validate(m, wire.Edge); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
 	return m, nil
+}
+
+// DroppedCorrelationID logs, at debug level, an incoming correlation id that
+// messages published by the consumer do not inherit because a publish would
+// refuse it (the endpoint package calls it).
+func (p consumerPublisher) DroppedCorrelationID(ctx context.Context, d *endpoint.Delivery, reason error) {
+	p.b.log.DebugContext(ctx, "incoming correlation id not inherited by a follow-up publish",
+		"message_id", d.MessageID, "endpoint", d.Endpoint, "reason", reason)
+}
+
+// Fault headers are bounded so that a dead letter always fits the frame
+// (wire.MaxHeaderBytes leaves room for them): a huge error text must not
+// make dead-lettering fail, and so the message loop.
+const (
+	maxFaultReason = 4 << 10
+	maxFaultStack  = 16 << 10
+)
+
+// deliverDeadLetter publishes a dead letter. One to the endpoint's
+// DeadLetterExchange is mandatory: when no queue is bound to receive it,
+// it goes to the endpoint's error queue instead, with
+// BW-Fault-Unroutable naming the exchange, rather than vanishing while the
+// original is acked (and rather than being requeued forever).
+func (b *Bus) deliverDeadLetter(ctx context.Context, ep *endpoint.Endpoint, m *outbox.Message) error {
+	md, ok := b.tr.(transport.MandatoryDeliverer)
+	if !ok || ep.Queue.DeadLetterExchange == "" {
+		return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+	}
+	err := md.DeliverMandatory(ctx, []*outbox.Message{m})[0]
+	if !errors.Is(err, transport.ErrUnroutable) || ep.ErrorQueue == "" {
+		return err
+	}
+	b.log.WarnContext(ctx, "dead-letter exchange routed the dead letter to no queue; sent to the error queue instead",
+		"endpoint", ep.Name(), "message_id", m.MessageID, "dead_letter_exchange", ep.Queue.DeadLetterExchange,
+		"routing_key", m.RoutingKey, "error_queue", ep.ErrorQueue)
+	fb := *m
+	fb.Headers = maps.Clone(m.Headers)
+	fb.Headers[wire.HeaderFaultUnroutable] = fmt.Sprintf("exchange %q with routing key %q routed it to no queue", ep.Queue.DeadLetterExchange, m.RoutingKey)
+	fb.Destination, fb.RoutingKey = wire.QueuePrefix+ep.ErrorQueue, ""
+	return b.tr.Deliver(ctx, []*outbox.Message{&fb})[0]
 }

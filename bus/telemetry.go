@@ -71,6 +71,7 @@ type telemetryConfig struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	propagator     propagation.TextMapPropagator
+	observers      []func(Event) // events.go
 }
 
 // WithTracerProvider sets where the bus's spans go: "<type> publish"
@@ -124,6 +125,8 @@ type telemetry struct {
 	meter  metric.Meter
 	system string // messaging.system
 
+	observers []func(Event) // events.go
+
 	published, consumed, failed, retried, redelivered, deadLettered, duplicates metric.Int64Counter
 
 	inFlight        metric.Int64UpDownCounter
@@ -165,11 +168,12 @@ func newTelemetry(c telemetryConfig, kind transportKind) *telemetry {
 		system = "postgresql"
 	}
 	t := &telemetry{
-		tracer:   c.tracerProvider.Tracer(instrumentationName),
-		prop:     c.propagator,
-		meter:    c.meterProvider.Meter(instrumentationName),
-		system:   system,
-		inflight: map[inbox.Key]*observation{},
+		tracer:    c.tracerProvider.Tracer(instrumentationName),
+		prop:      c.propagator,
+		meter:     c.meterProvider.Meter(instrumentationName),
+		system:    system,
+		inflight:  map[inbox.Key]*observation{},
+		observers: c.observers,
 	}
 	m := t.meter
 	noop := metricnoop.Meter{}
@@ -274,6 +278,7 @@ func (b *Bus) cachedOutboxStats(ctx context.Context) (outbox.Stats, error) {
 // startTelemetry registers the observable gauges; Start calls it once the
 // stores are open.
 func (b *Bus) startTelemetry() {
+	b.startEvents()
 	t := b.tel
 	attrs := metric.WithAttributes(attrTablePrefix.String(b.cfg.outboxOpts.TablePrefix))
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
@@ -381,10 +386,13 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-		} else if !viaOutbox {
-			// Outbox rows count when the relay has them confirmed
-			// (instrumentRelay): a rolled-back transaction publishes nothing.
-			t.published.Add(ctx, 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
+		} else {
+			t.emitPublished(ctx, m, viaOutbox && !direct, viaOutbox)
+			if !viaOutbox {
+				// Outbox rows count when the relay has them confirmed
+				// (instrumentRelay): a rolled-back transaction publishes nothing.
+				t.published.Add(ctx, 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
+			}
 		}
 		span.End()
 	}
@@ -393,6 +401,7 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 // countCommitted counts the messages the PostgreSQL transport wrote in
 // transactions that have committed (publishing with no outbox row).
 func (t *telemetry) countCommitted(msgs []*outbox.Message) {
+	t.emitCommitted(msgs)
 	for _, m := range msgs {
 		_, dest := wire.ParseDestination(m.Destination)
 		t.published.Add(context.Background(), 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
@@ -421,6 +430,7 @@ func (b *Bus) instrumentRelay(r *outbox.Relay) {
 		if prev != nil {
 			prev(msgs)
 		}
+		t.emitRelayed(msgs)
 		now := time.Now()
 		for _, m := range msgs {
 			_, dest := wire.ParseDestination(m.Destination)
@@ -479,9 +489,14 @@ type observationKey struct{}
 // observation is what one delivery's handling noted, for its span and
 // metrics.
 type observation struct {
-	attrs   metric.MeasurementOption
-	span    trace.Span
-	outcome atomic.Pointer[string]
+	attrs    metric.MeasurementOption
+	span     trace.Span
+	attempts atomic.Int64
+	outcome  atomic.Pointer[string]
+
+	endpoint, messageID, messageType string // for events (events.go)
+	lastErr                          atomic.Pointer[error]
+	faultHeaders                     atomic.Pointer[map[string]string] // what deadLetter wrote
 }
 
 func (o *observation) setOutcome(s string) { o.outcome.Store(&s) }
@@ -540,7 +555,8 @@ func (b *Bus) instrument(ep *endpoint.Endpoint, next message.NoPublishHandlerFun
 		if c := msg.Metadata.Get(wire.HeaderCorrelationID); c != "" {
 			span.SetAttributes(attrMsgConversation.String(c))
 		}
-		o := &observation{attrs: metric.WithAttributes(attrs...), span: span}
+		o := &observation{attrs: metric.WithAttributes(attrs...), span: span,
+			endpoint: ep.Name(), messageID: msg.UUID, messageType: typ}
 		key := inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()}
 		if key.MessageID != "" {
 			t.inflightMu.Lock()
@@ -575,6 +591,7 @@ func (b *Bus) instrument(ep *endpoint.Endpoint, next message.NoPublishHandlerFun
 			outcome = outcomeRequeued // handed back without an error (inbox busy, shutdown)
 		}
 		span.SetAttributes(attrBWOutcome.String(outcome))
+		t.emitHandled(ep.Name(), typ, msg.UUID, msg.Metadata, msg.Payload, o, outcome)
 		t.handlerDuration.Record(ctx, time.Since(startAt).Seconds(), metric.WithAttributes(append(attrs, attrOutcome.String(outcome))...))
 		span.End()
 		return err
@@ -609,6 +626,13 @@ func (t *telemetry) note(ctx context.Context, ev event) {
 	case evRetried:
 		t.retried.Add(ctx, 1, o.attrs)
 		o.span.AddEvent("retry")
+		if len(t.observers) > 0 {
+			ev := Event{Kind: EventRetried, Endpoint: o.endpoint, MessageID: o.messageID, MessageType: o.messageType, Attempt: int(o.attempts.Load())}
+			if p := o.lastErr.Load(); p != nil {
+				ev.Err = *p
+			}
+			t.emit(ev)
+		}
 	case evRedelivered:
 		o.setOutcome(outcomeRedelivery)
 		t.redelivered.Add(ctx, 1, o.attrs)
@@ -637,9 +661,11 @@ func (t *telemetry) attemptDone(ctx context.Context, attempt int, err error) {
 	if o == nil {
 		return
 	}
+	o.attempts.Store(int64(attempt))
 	if err == nil || errors.Is(err, inbox.ErrBusy) {
 		return
 	}
+	o.lastErr.Store(&err)
 	t.failed.Add(ctx, 1, o.attrs)
 	o.span.RecordError(err, trace.WithAttributes(attrBWAttempt.Int(attempt)))
 }

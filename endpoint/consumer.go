@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+
+	"github.com/barewire-go/barewire/internal/wire"
 )
 
 // Headers are message headers: string keys and values.
@@ -28,7 +30,9 @@ type Delivery struct {
 	// MessageID is the message's id (the inbox key).
 	MessageID string
 	// CorrelationID is the correlation id; messages published from the
-	// consumer carry it on unless their headers set another.
+	// consumer carry it on unless their headers set another, or it is one
+	// a publish would refuse (over 255 bytes, a NUL byte, invalid UTF-8):
+	// such a value is dropped, not inherited.
 	CorrelationID string
 	// MessageType is the BW-MessageType header.
 	MessageType string
@@ -57,7 +61,7 @@ func (d *Delivery) Publish(ctx context.Context, msg any, headers Headers) error 
 	if d.publisher == nil {
 		return fmt.Errorf("endpoint: this delivery cannot publish (not created by a bus)")
 	}
-	return d.publisher.Publish(ctx, msg, d.inherit(headers))
+	return d.publisher.Publish(ctx, msg, d.inherit(ctx, headers))
 }
 
 // Send sends msg to destination in the consumer's transaction.
@@ -65,14 +69,28 @@ func (d *Delivery) Send(ctx context.Context, destination string, msg any, header
 	if d.publisher == nil {
 		return fmt.Errorf("endpoint: this delivery cannot send (not created by a bus)")
 	}
-	return d.publisher.Send(ctx, destination, msg, d.inherit(headers))
+	return d.publisher.Send(ctx, destination, msg, d.inherit(ctx, headers))
 }
 
-func (d *Delivery) inherit(h Headers) Headers {
+// correlationDropper is implemented by publishers that want to know when an
+// incoming correlation id is not inherited (the bus logs it at debug level).
+type correlationDropper interface {
+	DroppedCorrelationID(ctx context.Context, d *Delivery, reason error)
+}
+
+func (d *Delivery) inherit(ctx context.Context, h Headers) Headers {
 	if d.CorrelationID == "" {
 		return h
 	}
 	if _, ok := h["correlation-id"]; ok {
+		return h
+	}
+	// A value the publish would refuse must not make every follow-up
+	// publish, and so the consumer, fail for a header it never chose.
+	if err := wire.CheckCorrelationID(d.CorrelationID); err != nil {
+		if cd, ok := d.publisher.(correlationDropper); ok {
+			cd.DroppedCorrelationID(ctx, d, err)
+		}
 		return h
 	}
 	out := make(Headers, len(h)+1)

@@ -295,7 +295,9 @@ type RabbitMQ struct {
 	// MaxPendingPublishes caps publishes awaiting a broker confirm; further
 	// publishes wait. Defaults to 1000.
 	MaxPendingPublishes int
-	// PublishTimeout bounds the wait for a publish confirm. Defaults to 30s.
+	// PublishTimeout bounds the wait for a publish confirm. The outbox's
+	// RelayLease must be at least twice it. Defaults to 30s, or half of
+	// RelayLease when that is shorter.
 	PublishTimeout time.Duration
 	// Mandatory makes publishes that no queue receives fail with an error
 	// instead of vanishing. Defaults to false for Publish (a message type

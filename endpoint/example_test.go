@@ -423,7 +423,7 @@ func Example_deadLetterExchange() {
 		rmq.Topology.Bind(endpoint.Binding{Exchange: "dead-letters", Queue: "shipping-dead", RoutingKey: "shipping"})
 		rmq.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, handle)
-			e.Queue.DeadLetterExchange = "dead-letters" // no shipping_error queue is declared
+			e.Queue.DeadLetterExchange = "dead-letters" // shipping_error takes what it routes nowhere
 			e.Queue.DeadLetterRoutingKey = "shipping"
 		})
 	}))

@@ -18,7 +18,9 @@ type Options struct {
 	// RelayWorkers is how many batches a relay keeps in flight. Defaults to 2.
 	RelayWorkers int
 	// RelayLease is how long a claimed batch stays reserved to its relay;
-	// a relay that dies mid-batch frees it after this. Defaults to 30s.
+	// a relay that dies mid-batch frees it after this. On RabbitMQ it must
+	// be at least twice PublishTimeout (bus.New says so otherwise).
+	// Defaults to 1m.
 	RelayLease time.Duration
 	// MaxAttempts parks a row after this many failed deliveries (an
 	// unroutable or oversized message, say). Defaults to 10.

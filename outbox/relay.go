@@ -20,7 +20,7 @@ const (
 	DefaultRetention         = 7 * 24 * time.Hour
 	DefaultCleanupInterval   = time.Hour
 	DefaultMaxAttempts       = 10
-	DefaultLease             = 30 * time.Second
+	DefaultLease             = time.Minute
 	DefaultRelayWorkers      = 2
 )
 
@@ -39,7 +39,8 @@ type Relay struct {
 	// Workers is how many batches are in flight at once. Defaults to 2.
 	Workers int
 	// Lease is how long a claimed batch is reserved; a relay that dies
-	// mid-batch releases its rows when the lease expires. Defaults to 30s.
+	// mid-batch releases its rows when the lease expires. Keep it at least
+	// twice the transport's publish timeout. Defaults to 1m.
 	Lease time.Duration
 	// MaxAttempts parks a row after this many failed deliveries.
 	MaxAttempts int
@@ -188,8 +189,9 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	var ok, down []int64
 	var delivered []*Message
 	type failure struct {
-		id  int64
-		err error
+		id     int64
+		err    error
+		parkAt int // attempts after which the row is parked
 	}
 	var failed []failure
 	for i, m := range msgs {
@@ -199,8 +201,10 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 			delivered = append(delivered, m)
 		case errors.Is(e, ErrTransportUnavailable) || ctx.Err() != nil:
 			down = append(down, m.ID)
+		case errors.Is(e, ErrUndeliverable):
+			failed = append(failed, failure{m.ID, e, 1})
 		default:
-			failed = append(failed, failure{m.ID, e})
+			failed = append(failed, failure{m.ID, e, r.MaxAttempts})
 		}
 	}
 	// Settle with a context that survives shutdown: confirmed rows must be
@@ -222,8 +226,8 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 		retry := retryDelay(m.Attempts + 1)
 		r.Logger.WarnContext(ctx, "outbox: delivery failed", "message_id", m.MessageID, "outbox_id", m.ID,
 			"message_type", m.MessageType, "destination", m.Destination,
-			"attempt", m.Attempts+1, "max_attempts", r.MaxAttempts, "error", f.err)
-		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, r.MaxAttempts); err != nil {
+			"attempt", m.Attempts+1, "max_attempts", f.parkAt, "error", f.err)
+		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, f.parkAt); err != nil {
 			settleErr = errors.Join(settleErr, fmt.Errorf("release failed row: %w", err))
 		}
 	}

@@ -114,9 +114,16 @@ type Transport interface {
 	// means the broker confirmed it. Implementations pipeline confirms. An
 	// error wrapping ErrTransportUnavailable means the message was not
 	// judged by the broker (connection down); it does not count as an attempt.
+	// An error wrapping ErrUndeliverable parks the row at once. Any other
+	// error is charged to that message alone (an attempt).
 	Deliver(ctx context.Context, msgs []*Message) []error
 }
 
 // ErrTransportUnavailable marks delivery errors caused by the transport being
 // down rather than by the message.
 var ErrTransportUnavailable = errors.New("outbox: transport unavailable")
+
+// ErrUndeliverable marks delivery errors of a message the transport can
+// never send as it is (a 300-byte correlation id written by raw SQL, say):
+// the relay parks its row at once instead of retrying it MaxAttempts times.
+var ErrUndeliverable = errors.New("outbox: message cannot be delivered as it is")

@@ -556,16 +556,13 @@ func TestBadInput(t *testing.T) {
 // it; a consumer that then fails must get the message dead-lettered like
 // any other, and the bus must keep consuming.
 //
-// KNOWN BUG, skipped unless BAREWIRE_TEST_KNOWN_BUGS=1: the dead letter
-// copies the id into the AMQP message_id property; amqp091 cannot encode a
-// short string over 255 bytes, fails the frame and closes the bus's whole
-// connection (Exception 501); the message is requeued, redelivered, fails
-// again, and the connection is torn down again, in a loop that stops all
-// consuming and publishing of that bus. See docs/guarantees.md.
+// Once a known bug (the dead letter copied the id into the message_id
+// property, amqp091 could not encode it and closed the connection in a
+// loop); kept as its regression test.
 func TestBadInputLongIDDeadLetter(t *testing.T) {
-	// Fixed: the dead letter carries an id over 255 bytes in a header, not
-	// in the message_id property, and ids over 1024 bytes (too long for an
-	// inbox key) are refused at consume time with a clear reason.
+	// The dead letter carries an id over 255 bytes in a header, not in
+	// the message_id property; ids over 1024 bytes (too long for an inbox
+	// key) are dead-lettered at consume time with a clear reason.
 	e := newBadEnv(t)
 	for _, tc := range []struct {
 		name, reason string

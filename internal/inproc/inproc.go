@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -32,6 +33,9 @@ type Transport struct {
 	closed   bool
 	wg       sync.WaitGroup
 	done     chan struct{}
+
+	subscribed map[*queue]struct{} // queues a consumer reads (Outstanding)
+	onSettle   atomic.Pointer[func()]
 }
 
 // New returns an empty transport.
@@ -39,6 +43,7 @@ func New() *Transport {
 	return &Transport{
 		queues: map[string]*queue{}, bindings: map[string][]string{},
 		delays: map[string]delayRoute{}, timers: map[*time.Timer]struct{}{}, done: make(chan struct{}),
+		subscribed: map[*queue]struct{}{},
 	}
 }
 
@@ -57,9 +62,10 @@ type item struct {
 }
 
 type queue struct {
-	mu    sync.Mutex
-	items []*item
-	ready chan struct{} // signalled when items are added
+	mu        sync.Mutex
+	items     []*item
+	unsettled int           // handed to a consumer, not yet acked or nacked
+	ready     chan struct{} // signalled when items are added
 }
 
 func newQueue() *queue { return &queue{ready: make(chan struct{}, 1)} }
@@ -83,6 +89,7 @@ func (q *queue) pop() *item {
 	it := q.items[0]
 	q.items[0] = nil
 	q.items = q.items[1:]
+	q.unsettled++ // counted under the same lock, so that Outstanding never sees it in neither place
 	if len(q.items) > 0 {
 		// Let another waiting consumer pick up the next one.
 		select {
@@ -91,6 +98,52 @@ func (q *queue) pop() *item {
 		}
 	}
 	return it
+}
+
+// settle ends a popped item's delivery, putting it back first when it was
+// handed back (requeue), and tells the OnSettle callback.
+func (t *Transport) settle(q *queue, requeue *item) {
+	if requeue != nil {
+		q.mu.Lock()
+		q.items = append(q.items, requeue)
+		q.unsettled--
+		q.mu.Unlock()
+		select {
+		case q.ready <- struct{}{}:
+		default:
+		}
+	} else {
+		q.mu.Lock()
+		q.unsettled--
+		q.mu.Unlock()
+	}
+	t.notify()
+}
+
+func (t *Transport) notify() {
+	if f := t.onSettle.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// OnSettle sets a function called after every delivery is acked or
+// handed back and after every delayed message reaches its queue: the
+// moments Outstanding can drop. bustest waits on it for idleness.
+func (t *Transport) OnSettle(f func()) { t.onSettle.Store(&f) }
+
+// Outstanding counts the messages not yet settled in queues that have a
+// consumer: queued, handed to a consumer and not yet acked, or waiting out
+// a redelivery delay. Queues nobody consumes (error queues) are not counted.
+func (t *Transport) Outstanding() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.timers)
+	for q := range t.subscribed {
+		q.mu.Lock()
+		n += len(q.items) + q.unsettled
+		q.mu.Unlock()
+	}
+	return n
 }
 
 // Len returns how many messages wait in queue name (for tests and samples).
@@ -151,17 +204,28 @@ func (t *Transport) later(r delayRoute, it *item) {
 	var tm *time.Timer
 	tm = time.AfterFunc(r.d, func() {
 		t.mu.Lock()
-		defer t.mu.Unlock()
 		delete(t.timers, tm)
 		if !t.closed {
 			t.queue(r.target).push(it)
 		}
+		t.mu.Unlock()
+		t.notify()
 	})
 	t.timers[tm] = struct{}{}
 }
 
 // Deliver routes each message; a send to an unknown queue fails.
 func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
+	return t.route(msgs, false)
+}
+
+// DeliverMandatory is Deliver where a message to an exchange no queue is
+// bound to fails (wrapping transport.ErrUnroutable) instead of vanishing.
+func (t *Transport) DeliverMandatory(_ context.Context, msgs []*outbox.Message) []error {
+	return t.route(msgs, true)
+}
+
+func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 	errs := make([]error, len(msgs))
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -180,6 +244,10 @@ func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
 		}
 		if kind == "exchange" {
 			targets = t.bindings[name]
+			if mandatory && len(targets) == 0 {
+				errs[i] = fmt.Errorf("inproc: message %q to exchange %q reached no queue: %w", m.MessageID, name, transport.ErrUnroutable)
+				continue
+			}
 		} else {
 			if _, ok := t.queues[name]; !ok {
 				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
@@ -235,6 +303,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, errors.New("inproc: transport closed")
 	}
 	q := t.queue(topic)
+	t.subscribed[q] = struct{}{}
 	t.wg.Add(1)
 	t.mu.Unlock()
 	out := make(chan *message.Message)
@@ -277,16 +346,18 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 	case out <- msg:
 	case <-ctx.Done():
 		it.attempts--
-		q.push(it)
+		t.settle(q, it)
 		return false
 	case <-t.done:
+		t.settle(q, nil)
 		return false
 	}
 	select {
 	case <-msg.Acked():
+		t.settle(q, nil)
 		return true
 	case <-msg.Nacked():
-		q.push(it)
+		t.settle(q, it)
 		return true
 	case <-ctx.Done():
 	case <-t.done:
@@ -295,8 +366,9 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 	// is neither lost nor handled twice at once.
 	select {
 	case <-msg.Acked():
+		t.settle(q, nil)
 	case <-msg.Nacked():
-		q.push(it)
+		t.settle(q, it)
 	}
 	return false
 }

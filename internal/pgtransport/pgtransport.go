@@ -947,3 +947,32 @@ func advisoryKey(name string) int64 {
 	h.Write([]byte(name))
 	return int64(h.Sum64())
 }
+
+// DeliverMandatory is Deliver where a message to an exchange no queue is
+// bound to fails (wrapping transport.ErrUnroutable) instead of writing no
+// row. Dead letters use it.
+func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	var rest []*outbox.Message
+	var at []int
+	for i, m := range msgs {
+		if kind, name := wire.ParseDestination(m.Destination); kind == "exchange" {
+			var bound bool
+			err := t.sqlDB.QueryRowContext(ctx, t.n.expand(`SELECT EXISTS (SELECT 1 FROM {bindings} WHERE exchange = $1)`), name).Scan(&bound)
+			if err != nil {
+				errs[i] = fmt.Errorf("postgres transport: look up the bindings of exchange %q: %w", name, err)
+				continue
+			}
+			if !bound {
+				errs[i] = fmt.Errorf("postgres transport: message %q to exchange %q reached no queue: %w", m.MessageID, name, transport.ErrUnroutable)
+				continue
+			}
+		}
+		rest = append(rest, m)
+		at = append(at, i)
+	}
+	for k, err := range t.Deliver(ctx, rest) {
+		errs[at[k]] = err
+	}
+	return errs
+}

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -61,6 +62,17 @@ func (t *Transport) getPublisher() (*publisher, error) {
 		}
 	}
 	t.pub = nil
+	p, err := t.openPublisher()
+	if err != nil {
+		return nil, err
+	}
+	t.pub = p
+	return p, nil
+}
+
+// openPublisher opens a confirm-mode channel on the current connection. The
+// caller owns it: getPublisher shares it, isolate uses it alone.
+func (t *Transport) openPublisher() (*publisher, error) {
 	conn, err := t.currentConn()
 	if err != nil {
 		return nil, err
@@ -85,7 +97,6 @@ func (t *Transport) getPublisher() (*publisher, error) {
 	returns := ch.NotifyReturn(make(chan amqp.Return)) // unbuffered: see publisher
 	t.pubWG.Add(1)
 	go p.run(confirms, returns, closes)
-	t.pub = p
 	return p, nil
 }
 
@@ -182,16 +193,13 @@ func (p *publisher) fail(reason error) {
 		failed = append(failed, pp)
 	}
 	p.pmu.Unlock()
-	var aerr *amqp.Error
-	refused := errors.As(reason, &aerr) && aerr.Server && isChannelException(aerr.Code)
+	refused := isRefusal(reason)
 	for _, pp := range failed {
 		if refused {
-			// The broker closed the channel over a publish it refused: the
-			// messages were judged, so the error counts as an attempt (a
-			// message the broker always refuses ends up parked instead of
-			// being retried forever).
-			pp.err = fmt.Errorf("rabbitmq: broker closed the publish channel before confirming message %q: %w",
-				pp.messageID, p.t.secret.scrubErr(reason))
+			// The broker closed the channel over one publish it refused,
+			// without saying which: Deliver sends each unconfirmed message
+			// again alone (isolate) so that only the refused one is charged.
+			pp.err = &channelRefusedError{messageID: pp.messageID, reason: p.t.secret.scrubErr(reason)}
 		} else {
 			pp.err = fmt.Errorf("%w: rabbitmq: connection lost before the broker confirmed message %q: %w",
 				outbox.ErrTransportUnavailable, pp.messageID, p.t.secret.scrubErr(reason))
@@ -235,6 +243,9 @@ type ReturnedError struct {
 	Text       string
 }
 
+// Unwrap makes the error match transport.ErrUnroutable.
+func (e *ReturnedError) Unwrap() error { return transport.ErrUnroutable }
+
 func (e *ReturnedError) Error() string {
 	dest := fmt.Sprintf("exchange %q with routing key %q", e.Exchange, e.RoutingKey)
 	if e.Exchange == "" {
@@ -260,8 +271,21 @@ type job struct {
 // message's routing key; "queue:Q" goes to queue Q through the default
 // exchange as a mandatory publish, so a missing queue is an error. Errors
 // wrapping outbox.ErrTransportUnavailable mean the broker did not judge the
-// message.
+// message; errors wrapping outbox.ErrUndeliverable, that it cannot be
+// encoded (checked before any frame is written). A refusal that closes the
+// channel is charged to the refused message only (see isolate).
 func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	return t.deliver(ctx, msgs, t.cfg.Mandatory)
+}
+
+// DeliverMandatory is Deliver with every publish mandatory: a message no
+// queue receives fails with a *ReturnedError (wrapping
+// transport.ErrUnroutable) instead of vanishing. Dead letters use it.
+func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message) []error {
+	return t.deliver(ctx, msgs, true)
+}
+
+func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandatory bool) []error {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
 		return errs
@@ -286,10 +310,18 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 	}
 
 	now := time.Now()
+	rules := wire.Rules{MaxHeaderBytes: t.maxHeaderBytes()}
 	jobs := make([]*job, 0, len(msgs))
 	for i, m := range msgs {
 		if m == nil {
 			errs[i] = errors.New("rabbitmq: nil message")
+			continue
+		}
+		// amqp091 closes the whole connection over a frame it cannot
+		// encode (a short string over 255 bytes): refuse such a message
+		// alone, before any frame is written.
+		if err := wire.Validate(m, rules); err != nil {
+			errs[i] = fmt.Errorf("%w: rabbitmq: message %q: %w", outbox.ErrUndeliverable, m.MessageID, err)
 			continue
 		}
 		kind, name := wire.ParseDestination(m.Destination)
@@ -303,7 +335,7 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 				errs[i] = fmt.Errorf("rabbitmq: message %q: %w", m.MessageID, err)
 				continue
 			}
-			j.exchange, j.key, j.mandatory = name, m.RoutingKey, t.cfg.Mandatory
+			j.exchange, j.key, j.mandatory = name, m.RoutingKey, mandatory
 		default:
 			j.exchange, j.key, j.mandatory = "", name, true
 		}
@@ -316,18 +348,38 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 	defer cancel()
 	p.publishAll(wctx, jobs, errs)
 
+	var again []*job
 	for _, j := range jobs {
-		if j.wait == nil {
-			continue
+		if j.wait != nil {
+			select {
+			case <-j.wait.done:
+				errs[j.i] = j.wait.err
+			case <-wctx.Done():
+				errs[j.i] = t.waitErr(ctx, j)
+			}
 		}
-		select {
-		case <-j.wait.done:
-			errs[j.i] = j.wait.err
-		case <-wctx.Done():
-			errs[j.i] = t.waitErr(ctx, j)
+		var cre *channelRefusedError
+		if errors.As(errs[j.i], &cre) {
+			again = append(again, j)
 		}
 	}
+	if len(again) > 0 {
+		t.isolate(wctx, again, errs)
+	}
 	return errs
+}
+
+// maxHeaderBytes bounds a message's properties and headers so that its
+// content header fits one frame of the current connection.
+func (t *Transport) maxHeaderBytes() int {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	frame := 131072 // RabbitMQ's default frame_max
+	if c != nil && c.Config.FrameSize > 0 {
+		frame = c.Config.FrameSize
+	}
+	return frame - 64 // frame header and end, content header fields
 }
 
 func (t *Transport) waitErr(ctx context.Context, j *job) error {
@@ -373,6 +425,17 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 			if p.take(tag) != nil {
 				close(pp.done)
 			}
+			if p.ch.IsClosed() {
+				// The channel closed under us, likely over a neighbour's
+				// refusal: once the publisher has the reason, deadError
+				// tells an innocent bystander from a lost connection.
+				select {
+				case <-p.done:
+					errs[j.i] = p.deadError(j)
+					continue
+				case <-ctx.Done():
+				}
+			}
 			errs[j.i] = fmt.Errorf("%w: rabbitmq: publish message %q: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, p.t.secret.scrubErr(err))
 			continue
 		}
@@ -391,7 +454,95 @@ func (p *publisher) deadError(j *job) error {
 	if reason == nil {
 		reason = amqp.ErrClosed
 	}
+	if isRefusal(reason) {
+		// Closed over another message's refusal: this one was never judged.
+		return &channelRefusedError{messageID: j.pub.MessageId, reason: p.t.secret.scrubErr(reason)}
+	}
 	return fmt.Errorf("%w: rabbitmq: publish channel closed, message %q not sent: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, p.t.secret.scrubErr(reason))
+}
+
+// isRefusal reports whether reason is the broker closing a channel over a
+// publish it refused (rather than the connection going away).
+func isRefusal(reason error) bool {
+	var aerr *amqp.Error
+	return errors.As(reason, &aerr) && aerr.Server && isChannelException(aerr.Code)
+}
+
+// channelRefusedError is the result of a publish that was unconfirmed when
+// the broker closed its channel over a refused publish: it may be the
+// refused one or an innocent neighbour. Deliver never returns it.
+type channelRefusedError struct {
+	messageID string
+	reason    error
+}
+
+func (e *channelRefusedError) Error() string {
+	return fmt.Sprintf("rabbitmq: broker closed the publish channel before confirming message %q: %v", e.messageID, e.reason)
+}
+
+func (e *channelRefusedError) Unwrap() error { return e.reason }
+
+// isolate publishes each job again on a channel of its own, one at a time,
+// after the broker closed a shared channel over one of them: a refusal now
+// can only be that job's, so it alone is charged; the others are confirmed
+// (a copy may already have been routed before the channel closed: a
+// duplicate the receiving inbox absorbs) or fail as unavailable.
+func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
+	var p *publisher
+	defer func() {
+		if p != nil {
+			_ = p.ch.Close()
+		}
+	}()
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			errs[j.i] = t.waitErr(ctx, j)
+			continue
+		}
+		if p != nil && p.isDead() {
+			_ = p.ch.Close()
+			p = nil
+		}
+		if j.exchange != "" {
+			// A refusal made the transport forget the exchanges it knew.
+			if err := t.ensureExchange(j.exchange); err != nil {
+				errs[j.i] = fmt.Errorf("rabbitmq: message %q: %w", j.pub.MessageId, err)
+				continue
+			}
+		}
+		if p == nil {
+			np, err := t.openPublisher()
+			if err != nil {
+				errs[j.i] = err
+				continue
+			}
+			p = np
+		}
+		j.wait = nil
+		p.publishAll(ctx, []*job{j}, errs)
+		if j.wait != nil {
+			select {
+			case <-j.wait.done:
+				errs[j.i] = j.wait.err
+			case <-ctx.Done():
+				errs[j.i] = t.waitErr(ctx, j)
+			}
+		}
+		var cre *channelRefusedError
+		if errors.As(errs[j.i], &cre) {
+			errs[j.i] = fmt.Errorf("rabbitmq: broker refused message %q to exchange %q with routing key %q (it closed the channel): %w",
+				j.pub.MessageId, j.exchange, j.key, cre.reason)
+			// The channel is closing, whether or not the publisher has
+			// noticed yet: the next message must not be judged on it.
+			p = nil
+		}
+	}
+}
+
+func (p *publisher) isDead() bool {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	return p.dead
 }
 
 // ensureExchange makes sure exchange name exists before publishing to it:

@@ -49,6 +49,7 @@ type Transport struct {
 	endpoints []*endpoint.Endpoint
 	byName    map[string]*endpoint.Endpoint
 	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
+	connects  atomic.Int64           // connections made: 1 + reconnects
 
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
@@ -184,6 +185,10 @@ func redactLoosely(raw string) string {
 	}
 	return raw
 }
+
+// Connects returns how many connections the transport has made: 1 after
+// Start, one more per reconnect.
+func (t *Transport) Connects() int64 { return t.connects.Load() }
 
 // URL returns the broker URL with its password redacted.
 func (t *Transport) URL() string { return t.secret.redacted }
@@ -358,6 +363,7 @@ func (t *Transport) dial(ctx context.Context) (*amqp.Connection, connNotes, erro
 // setUpLocked publishes conn as the current connection. t.mu must be held.
 func (t *Transport) setUpLocked(conn *amqp.Connection) {
 	t.conn = conn
+	t.connects.Add(1)
 	t.blocked.Store(nil)
 	select {
 	case <-t.ready:

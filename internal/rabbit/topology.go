@@ -208,7 +208,9 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 		q := ep.Queue
 		q.Name = ep.Name()
 		d.queue(q)
-		if ep.Queue.DeadLetterExchange == "" && ep.ErrorQueue != "" {
+		// Declared with a dead-letter exchange too: it takes the dead
+		// letters that exchange cannot route.
+		if ep.ErrorQueue != "" {
 			d.queue(errorQueue(ep))
 		}
 		for _, delay := range ep.Redelivery {

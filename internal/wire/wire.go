@@ -38,6 +38,9 @@ const (
 	// dead-lettered because its id could not be stored (NUL, invalid UTF-8,
 	// too long); the dead letter carries a stand-in id derived from it.
 	HeaderFaultMessageID = "BW-Fault-MessageID"
+	// HeaderFaultUnroutable is set on a dead letter that went to the error
+	// queue because the endpoint's dead-letter exchange routed it nowhere.
+	HeaderFaultUnroutable = "BW-Fault-Unroutable"
 
 	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
 	HeaderRedeliveryCount = "BW-Redelivery-Count"
