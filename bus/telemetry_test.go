@@ -171,6 +171,16 @@ func TestTelemetryTraceAcrossOutboxHop(t *testing.T) {
 // metricSum adds up an Int64 sum's data points whose attributes include want.
 func metricSum(t *testing.T, rm metricdata.ResourceMetrics, name string, want ...attribute.KeyValue) int64 {
 	t.Helper()
+	total, found := metricTotal(t, rm, name, want...)
+	if !found {
+		t.Errorf("metric %s not reported", name)
+	}
+	return total
+}
+
+// metricTotal is metricSum for a poll: a metric not reported yet is 0.
+func metricTotal(t *testing.T, rm metricdata.ResourceMetrics, name string, want ...attribute.KeyValue) (int64, bool) {
+	t.Helper()
 	var total int64
 	found := false
 	for _, sm := range rm.ScopeMetrics {
@@ -195,10 +205,7 @@ func metricSum(t *testing.T, rm metricdata.ResourceMetrics, name string, want ..
 			}
 		}
 	}
-	if !found {
-		t.Errorf("metric %s not reported", name)
-	}
-	return total
+	return total, found
 }
 
 func hasAttrs(set attribute.Set, want []attribute.KeyValue) bool {

@@ -1,0 +1,87 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/internal/batchdel"
+)
+
+// Migrate creates (or alters, with GORM's AutoMigrate) the instance table
+// of every machine in db. Run it before the bus consumes: with the embedded
+// default, after Start and before the first event is published, on the
+// bus's DB. Teams that manage their schema with goose or atlas can create
+// the tables themselves: see docs/sagas.md for the columns.
+func Migrate(ctx context.Context, db *gorm.DB, machines ...Definition) error {
+	for _, m := range machines {
+		if m == nil {
+			return fmt.Errorf("%w: Migrate: a machine is nil", ErrInvalidMachine)
+		}
+		if err := db.WithContext(ctx).Table(m.Table()).AutoMigrate(m.Model()); err != nil {
+			return fmt.Errorf("saga %q: migrate table %q: %w", m.Name(), m.Table(), err)
+		}
+	}
+	return nil
+}
+
+// Get returns the instance with correlation id id, or an error wrapping
+// ErrNotFound.
+func (m *Machine[S]) Get(ctx context.Context, db *gorm.DB, id string) (*S, error) {
+	inst := new(S)
+	err := db.WithContext(ctx).Table(m.cfg.table).Where("correlation_id = ?", id).Take(inst).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, fmt.Errorf("%w: %q in %q", ErrNotFound, id, m.name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("saga %q: get %q: %w", m.name, id, err)
+	}
+	return inst, nil
+}
+
+// MaxListLimit is the most instances List returns at once.
+const MaxListLimit = 10000
+
+// List returns up to limit (1-10000) instances in state (all states if
+// state is empty), least recently updated first: the ones stuck longest
+// come first, for operators.
+func (m *Machine[S]) List(ctx context.Context, db *gorm.DB, state StateName, limit int) ([]S, error) {
+	if limit < 1 || limit > MaxListLimit {
+		return nil, fmt.Errorf("saga %q: List limit %d: must be within 1-%d", m.name, limit, MaxListLimit)
+	}
+	q := db.WithContext(ctx).Table(m.cfg.table)
+	if state != "" {
+		q = q.Where("current_state = ?", string(state))
+	}
+	var out []S
+	if err := q.Order("updated_at, correlation_id").Limit(limit).Find(&out).Error; err != nil {
+		return nil, fmt.Errorf("saga %q: list: %w", m.name, err)
+	}
+	return out, nil
+}
+
+// DeleteFinalized deletes instances kept in Final (KeepFinalized) whose
+// last change is older than retention, in batches of batch rows (0: 1000)
+// so that no statement holds many locks; it returns how many it deleted.
+// Safe to run from several instances at once.
+func (m *Machine[S]) DeleteFinalized(ctx context.Context, db *gorm.DB, retention time.Duration, batch int) (int, error) {
+	if retention < 0 {
+		return 0, fmt.Errorf("saga %q: DeleteFinalized retention %v is negative", m.name, retention)
+	}
+	if batch < 0 || batch > MaxListLimit {
+		return 0, fmt.Errorf("saga %q: DeleteFinalized batch %d: must be within 0-%d", m.name, batch, MaxListLimit)
+	}
+	cutoff := time.Now().UTC().Add(-retention)
+	return batchdel.Once(ctx, batch, func(ctx context.Context, n int) (int, error) {
+		sub := db.Table(m.cfg.table).Select("correlation_id").
+			Where("current_state = ? AND updated_at < ?", string(Final), cutoff).Limit(n)
+		res := db.WithContext(ctx).Table(m.cfg.table).Where("correlation_id IN (?)", sub).Delete(new(S))
+		if res.Error != nil {
+			return 0, fmt.Errorf("saga %q: delete finalized: %w", m.name, res.Error)
+		}
+		return int(res.RowsAffected), nil
+	})
+}

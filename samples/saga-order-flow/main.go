@@ -1,0 +1,330 @@
+// Command saga-order-flow runs BareWire's SagaOrderFlow as a saga: an
+// order is submitted, the saga publishes PaymentRequested and waits in
+// AwaitingPayment; a payment service answers PaymentCompleted (the saga
+// publishes OrderDispatched and moves to Shipped) or PaymentFailed (it
+// publishes OrderCompensated and moves to Compensated). Every transition
+// writes a history row in the same transaction as the instance, the inbox
+// mark and the outgoing messages.
+//
+//	go run ./samples/saga-order-flow -demo     # scripted run, prints and exits
+//	go run ./samples/saga-order-flow           # HTTP API on :8080
+//
+// -transport rabbitmq (with -amqp-url) or -transport postgres (with
+// -postgres-dsn) runs it on RabbitMQ or on the PostgreSQL transport; see
+// README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/saga"
+	"github.com/barewire-go/barewire/samples/internal/sample"
+)
+
+// Messages. The payment service declines amounts above 1000.
+type (
+	OrderSubmitted struct {
+		OrderID string  `json:"orderId"`
+		Amount  float64 `json:"amount"`
+	}
+	PaymentRequested struct {
+		OrderID string  `json:"orderId"`
+		Amount  float64 `json:"amount"`
+	}
+	PaymentCompleted struct {
+		OrderID string `json:"orderId"`
+	}
+	PaymentFailed struct {
+		OrderID string `json:"orderId"`
+		Reason  string `json:"reason"`
+	}
+	OrderDispatched struct {
+		OrderID string `json:"orderId"`
+	}
+	OrderCompensated struct {
+		OrderID string `json:"orderId"`
+		Reason  string `json:"reason"`
+	}
+)
+
+// snippet:start model
+// Order is the saga instance: saga.State plus the order's own data.
+type Order struct {
+	saga.State
+	Amount        float64 `json:"amount"`
+	FailureReason string  `json:"failureReason,omitempty"`
+}
+
+// snippet:end model
+
+// History is one transition, written through the consumer's transaction.
+type History struct {
+	ID      int64     `json:"-" gorm:"primaryKey"`
+	OrderID string    `json:"-" gorm:"size:200;index"`
+	Event   string    `json:"event"`
+	From    string    `json:"from"`
+	To      string    `json:"to"`
+	At      time.Time `json:"at"`
+}
+
+func (History) TableName() string { return "order_flow_history" }
+
+// snippet:start machine
+func newMachine() (*saga.Machine[Order], error) {
+	return saga.New("order-flow", func(m *saga.Machine[Order]) {
+		awaiting := m.State("AwaitingPayment")
+		shipped := m.State("Shipped")
+		compensated := m.State("Compensated")
+
+		submitted := saga.NewEvent(m, func(e OrderSubmitted) string { return e.OrderID })
+		paid := saga.NewEvent(m, func(e PaymentCompleted) string { return e.OrderID })
+		failed := saga.NewEvent(m, func(e PaymentFailed) string { return e.OrderID })
+
+		m.Initially(
+			saga.When(submitted).
+				Then(func(ctx context.Context, c *saga.Context[Order, OrderSubmitted]) error {
+					c.Instance.Amount = c.Message.Amount
+					return nil
+				}).
+				Publish(func(c *saga.Context[Order, OrderSubmitted]) any {
+					return PaymentRequested{OrderID: c.Message.OrderID, Amount: c.Message.Amount}
+				}).
+				TransitionTo(awaiting).
+				Then(record[OrderSubmitted]),
+		)
+		m.During(awaiting,
+			saga.When(paid).
+				Publish(func(c *saga.Context[Order, PaymentCompleted]) any {
+					return OrderDispatched{OrderID: c.Message.OrderID}
+				}).
+				TransitionTo(shipped).
+				Then(record[PaymentCompleted]),
+			saga.When(failed).
+				Then(func(ctx context.Context, c *saga.Context[Order, PaymentFailed]) error {
+					c.Instance.FailureReason = c.Message.Reason
+					return nil
+				}).
+				Publish(func(c *saga.Context[Order, PaymentFailed]) any {
+					return OrderCompensated{OrderID: c.Message.OrderID, Reason: c.Message.Reason}
+				}).
+				TransitionTo(compensated).
+				Then(record[PaymentFailed]),
+		)
+		// A repeated submission of an order already under way is accepted
+		// and changes nothing; any other stray event is dead-lettered
+		// (the default policy) with the state it met.
+		m.DuringAny(saga.Ignore(submitted))
+	})
+}
+
+// record writes the transition to the history table in the transition's
+// transaction: it commits with the state change, or neither happens.
+func record[M any](ctx context.Context, c *saga.Context[Order, M]) error {
+	return c.Tx.Create(&History{
+		OrderID: c.State().CorrelationID, Event: endpoint.TypeNameOf[M](),
+		From: string(c.From), To: c.State().CurrentState, At: time.Now().UTC(),
+	}).Error
+}
+
+// snippet:end machine
+
+// declare is the endpoint declaration; the same function runs on every
+// transport.
+func declare(m *saga.Machine[Order]) func(c *endpoint.Endpoints) {
+	return func(c *endpoint.Endpoints) {
+		// snippet:start register
+		c.ReceiveEndpoint("order-flow-saga", func(e *endpoint.Endpoint) {
+			saga.Register(e, m)
+		})
+		// snippet:end register
+		c.ReceiveEndpoint("order-flow-payments", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, pay)
+		})
+		c.ReceiveEndpoint("order-flow-shipping", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderDispatched]) error {
+				return bus.TxFromContext(ctx).Create(&History{OrderID: c.Message.OrderID, Event: "OrderDispatched", From: "shipping", To: "handed to the carrier", At: time.Now().UTC()}).Error
+			})
+		})
+	}
+}
+
+// pay is the payment service: it declines amounts above 1000.
+func pay(ctx context.Context, c *endpoint.Context[PaymentRequested]) error {
+	if c.Message.Amount > 1000 {
+		return c.Publish(ctx, PaymentFailed{OrderID: c.Message.OrderID, Reason: "amount above the 1000 limit"}, nil)
+	}
+	return c.Publish(ctx, PaymentCompleted{OrderID: c.Message.OrderID}, nil)
+}
+
+func main() {
+	f := sample.ParseFlags("127.0.0.1:8080")
+	m, err := newMachine()
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts, err := f.Options(declare(m), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := bus.New(opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	a := &app{b: b, m: m}
+	if f.Demo {
+		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", a.submit)
+	mux.HandleFunc("GET /orders/{id}", a.order)
+	mux.HandleFunc("GET /orders", a.list)
+	mux.HandleFunc("GET /stats", sample.Stats(b))
+	if err := sample.Serve(b, mux, f.Listen, a.migrate); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type app struct {
+	b *bus.Bus
+	m *saga.Machine[Order]
+}
+
+func (a *app) migrate(ctx context.Context) error {
+	if err := saga.Migrate(ctx, a.b.DB(), a.m); err != nil {
+		return err
+	}
+	return a.b.DB().WithContext(ctx).AutoMigrate(&History{})
+}
+
+// submit starts an order: {"amount": 250} (or ?amount=); the order id is
+// new unless the body gives one.
+func (a *app) submit(w http.ResponseWriter, r *http.Request) {
+	o := OrderSubmitted{Amount: 250}
+	if err := sample.ReadJSON(w, r, &o); err != nil {
+		sample.WriteError(w, http.StatusBadRequest, err)
+		return
+	}
+	if o.OrderID == "" {
+		o.OrderID = "order-" + uuid.NewString()[:8]
+	}
+	if o.Amount <= 0 {
+		sample.WriteError(w, http.StatusBadRequest, fmt.Errorf("amount %v: must be positive", o.Amount))
+		return
+	}
+	if err := a.b.Publish(r.Context(), o, bus.Headers{bus.HeaderMessageID: "submit-" + o.OrderID}); err != nil {
+		sample.WriteError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusAccepted, map[string]any{"orderId": o.OrderID, "amount": o.Amount, "status": "GET /orders/" + o.OrderID})
+}
+
+type orderView struct {
+	*Order
+	History []History `json:"history"`
+}
+
+func (a *app) view(ctx context.Context, id string) (*orderView, error) {
+	o, err := a.m.Get(ctx, a.b.DB(), id)
+	if err != nil {
+		return nil, err
+	}
+	v := &orderView{Order: o}
+	err = a.b.DB().WithContext(ctx).Where("order_id = ?", id).Order("id").Find(&v.History).Error
+	return v, err
+}
+
+// order shows an order's state and history.
+func (a *app) order(w http.ResponseWriter, r *http.Request) {
+	v, err := a.view(r.Context(), r.PathValue("id"))
+	switch {
+	case errors.Is(err, saga.ErrNotFound):
+		sample.WriteError(w, http.StatusNotFound, err)
+	case err != nil:
+		sample.WriteError(w, http.StatusInternalServerError, err)
+	default:
+		sample.WriteJSON(w, http.StatusOK, v)
+	}
+}
+
+// list shows up to 100 orders, ?state= to keep one state.
+func (a *app) list(w http.ResponseWriter, r *http.Request) {
+	os, err := a.m.List(r.Context(), a.b.DB(), saga.StateName(r.URL.Query().Get("state")), 100)
+	if err != nil {
+		sample.WriteError(w, http.StatusInternalServerError, err)
+		return
+	}
+	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(os), "orders": os})
+}
+
+// demo submits one order the payment service accepts and one it declines,
+// submits the first again, and checks where both ended.
+func (a *app) demo(ctx context.Context, f sample.Flags) error {
+	if err := a.migrate(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("saga-order-flow on %s\n", f.Transport())
+	run := sample.RunID()
+	good, bad := OrderSubmitted{OrderID: "order-" + run + "-1", Amount: 250}, OrderSubmitted{OrderID: "order-" + run + "-2", Amount: 5000}
+	for _, o := range []OrderSubmitted{good, bad} {
+		if err := a.b.Publish(ctx, o, bus.Headers{bus.HeaderMessageID: "submit-" + o.OrderID}); err != nil {
+			return err
+		}
+		fmt.Printf("  submitted %s (amount %v)\n", o.OrderID, o.Amount)
+	}
+	wait := func(id, state string, rows int) (*orderView, error) {
+		var v *orderView
+		err := sample.WaitUntil(ctx, id+" in "+state, func() (bool, error) {
+			var err error
+			v, err = a.view(ctx, id)
+			if errors.Is(err, saga.ErrNotFound) {
+				return false, nil
+			}
+			return err == nil && v.CurrentState == state && len(v.History) >= rows, err
+		})
+		return v, err
+	}
+	gv, err := wait(good.OrderID, "Shipped", 3)
+	if err != nil {
+		return err
+	}
+	bv, err := wait(bad.OrderID, "Compensated", 2)
+	if err != nil {
+		return err
+	}
+	// The same submission again, with a new message id: the saga ignores
+	// it in Shipped (DuringAny Ignore) and the order does not move.
+	if err := a.b.Publish(ctx, good, bus.Headers{bus.HeaderMessageID: "resubmit-" + good.OrderID}); err != nil {
+		return err
+	}
+	before := a.b.Stats().Consumed
+	if err := sample.WaitUntil(ctx, "the resubmission", func() (bool, error) { return a.b.Stats().Consumed > before, nil }); err != nil {
+		return err
+	}
+	gv2, err := a.view(ctx, good.OrderID)
+	if err != nil {
+		return err
+	}
+	for _, v := range []*orderView{gv, bv} {
+		fmt.Printf("  %s: %s (version %d)\n", v.CorrelationID, v.CurrentState, v.Version)
+		for _, h := range v.History {
+			fmt.Printf("      %-16s %s -> %s\n", h.Event, h.From, h.To)
+		}
+	}
+	var c sample.Checks
+	c.Expect(gv.CurrentState == "Shipped" && gv.Version == 2, "order 1 paid and shipped in 2 transitions")
+	c.Expect(bv.CurrentState == "Compensated" && bv.FailureReason != "", "order 2 declined and compensated (%s)", bv.FailureReason)
+	c.Expect(gv2.Version == gv.Version && len(gv2.History) == len(gv.History), "a repeated submission changed nothing")
+	return c.Err()
+}
