@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test test-short lint vet staticcheck bench demo check-docs
+.PHONY: all test test-short lint vet staticcheck bench demo check-docs fuzz-short
 
 all: lint test
 
@@ -17,6 +17,18 @@ test:
 ## test-short: embedded-only tests (no services)
 test-short:
 	$(GO) test -race -count=1 -short ./...
+
+## fuzz-short: each go test -fuzz target for FUZZTIME (10s) after its seed corpus (the
+## poison cases): the inbound conversion and dispatch, and the publish envelope
+## (against the stores' limits and against AMQP's encoding).
+## A failing input is written to the package's testdata/fuzz; re-run it with go test -run.
+FUZZTIME ?= 10s
+FUZZ_TARGETS = ./internal/rabbit/:FuzzFromDelivery ./bus/:FuzzDispatch ./bus/:FuzzEnvelope ./bus/:FuzzEnvelopeAMQP
+fuzz-short:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 vet:
 	$(GO) vet ./...

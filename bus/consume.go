@@ -383,14 +383,17 @@ func redeliveries(ep *endpoint.Endpoint, msg *message.Message, err error) (int, 
 	return n, true
 }
 
-// redeliver parks the message in the delay queue for its next redelivery;
-// the broker (or the in-process transport) returns it to the endpoint's
-// queue when the delay has passed.
+// redeliver schedules the next delayed redelivery as an outbox row for the
+// endpoint's own queue, claimable once the delay has passed (the
+// database's clock). It returns after the row committed, and only then is
+// the original acked: the message is always in the queue or the outbox,
+// across restarts, on every transport, with no broker-side delay queue.
 func (b *Bus) redeliver(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, n int, cause error) error {
-	m := copyOf(msg, wire.QueuePrefix+ep.DelayQueue(ep.Redelivery[n]))
+	m := copyOf(msg, wire.QueuePrefix+ep.Name())
 	m.Headers[wire.HeaderRedeliveryCount] = strconv.Itoa(n + 1)
 	m.Headers[wire.HeaderFaultReason] = wire.Truncate(cause.Error(), maxFaultReason)
-	return b.tr.Deliver(ctx, []*outbox.Message{m})[0]
+	m.Delay = ep.Redelivery[n]
+	return b.inTx(ctx, func(ctx context.Context) error { return b.outboxSt.Add(ctx, []*outbox.Message{m}) })
 }
 
 // copyOf makes an outbox message of a received one, for dest: same id,

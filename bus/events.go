@@ -92,8 +92,8 @@ type Backlog struct {
 	// InFlight counts deliveries being handled.
 	InFlight int64
 	// Queued counts messages the embedded transport holds for its
-	// endpoints (queued, unacknowledged, or waiting out a redelivery
-	// delay); -1 on a broker, whose queues the bus does not count.
+	// endpoints (queued or unacknowledged); -1 on a broker, whose queues
+	// the bus does not count. A delayed redelivery is an outbox row.
 	Queued int
 	// OutboxPending counts outbox rows the relay has not delivered
 	// (parked rows excluded).

@@ -209,9 +209,8 @@ func (h *Harness) wait(what string, cond func() bool) bool {
 }
 
 // WaitIdle waits until the bus has nothing left to do: no delivery in
-// flight, no outbox row pending, and (on the embedded default) no message
-// queued, unacknowledged or waiting out a redelivery delay for an
-// endpoint. On a broker the queues are not counted: wait for what you
+// flight, no outbox row pending (a delayed redelivery is one), and (on the
+// embedded default) no message queued or unacknowledged for an endpoint. On a broker the queues are not counted: wait for what you
 // expect to be consumed instead.
 func (h *Harness) WaitIdle() {
 	h.t.Helper()

@@ -60,10 +60,12 @@ type Endpoint struct {
 	// Retry is the in-process retry policy. Defaults to DefaultRetry().
 	Retry RetryPolicy
 	// Redelivery lists second-level retries: when the in-process retries
-	// are spent, the message goes back to the broker to be delivered again
-	// after each delay in turn (through a delay queue "<name>_delay_<ms>"
-	// per delay), and only then is dead-lettered. Permanent errors skip it.
-	// Defaults to none. Each delay must be at least 1ms.
+	// are spent, the message is sent to the endpoint's queue again after
+	// each delay in turn, and only then is dead-lettered. Permanent errors
+	// skip it. The redelivery waits as an outbox row (durable, on every
+	// transport; the original is acked once that row has committed), so a
+	// delay is never early and may be late by up to the outbox's
+	// PollingInterval. Defaults to none. Each delay must be at least 1ms.
 	Redelivery []time.Duration
 	// Serializer reads message bodies. Defaults to JSON.
 	Serializer Serializer
@@ -106,11 +108,6 @@ func (e *Endpoint) MessageTypes() []string {
 		}
 	}
 	return out
-}
-
-// DelayQueue names the queue that holds messages redelivered after d.
-func (e *Endpoint) DelayQueue(d time.Duration) string {
-	return fmt.Sprintf("%s_delay_%d", e.name, d.Milliseconds())
 }
 
 // Bind adds a binding of this endpoint's queue to exchange with routingKey.

@@ -328,7 +328,7 @@ func ExampleEndpoint_redelivery() {
 	// snippet:start redelivery
 	opts := []bus.Option{bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
 		e.Retry = endpoint.Immediate(1) // 2 attempts per delivery
-		// Then back to the broker, to be delivered again after 10ms, then
+		// Then through the outbox, to be delivered again after 10ms, then
 		// after 50ms; only then dead-lettered.
 		e.Redelivery = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond}
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {

@@ -45,11 +45,12 @@ const outboxColumns = `id, message_id, destination, routing_key, message_type, c
 headers, payload, created_at, status, attempts, last_error, delivered_at`
 
 // insertColumns are the columns Add writes; the rest take their defaults
-// (the database clock for created_at and available_at).
-const insertColumns = `message_id, destination, routing_key, message_type, content_type, correlation_id, headers, payload`
+// (the database clock for created_at). available_at is the database clock
+// shifted by the message's Delay.
+const insertColumns = `message_id, destination, routing_key, message_type, content_type, correlation_id, headers, payload, available_at`
 
 // insertParams is the number of bind parameters per inserted row.
-const insertParams = 8
+const insertParams = 9
 
 // maxInsertRows bounds one INSERT so that its parameters stay well inside
 // SQLite's limit (32766) and PostgreSQL's (65535).
@@ -203,6 +204,8 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 			return fmt.Errorf("gormstore: outbox add: message %d has no MessageID", i)
 		case m.Destination == "":
 			return fmt.Errorf("gormstore: outbox add: message %s has no Destination", m.MessageID)
+		case m.Delay < 0:
+			return fmt.Errorf("gormstore: outbox add: message %s has a negative Delay %v; use 0 to send at once", m.MessageID, m.Delay)
 		}
 	}
 	tx = tx.WithContext(ctx)
@@ -246,7 +249,7 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (stri
 		if i > 0 {
 			sql.WriteString(", ")
 		}
-		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?)")
+		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, " + o.s.dialect.shifted + ")")
 		headers := "{}"
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
@@ -259,7 +262,7 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (stri
 		if payload == nil {
 			payload = []byte{} // the column is NOT NULL
 		}
-		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload)
+		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload, o.s.dialect.shift(m.Delay))
 	}
 	sql.WriteString(" RETURNING id, created_at")
 	if withXid {

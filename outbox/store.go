@@ -36,6 +36,11 @@ type Message struct {
 	// Headers are every other header, including W3C trace context.
 	Headers map[string]string
 	Payload []byte
+	// Delay holds a new row back from the relay: Add makes it claimable
+	// Delay after the insert, by the database's clock (a delayed
+	// redelivery waits this way, durably). Zero means at once; negative
+	// is refused. Add reads it; rows read back leave it zero.
+	Delay time.Duration
 
 	CreatedAt   time.Time
 	Status      Status

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -27,9 +26,7 @@ var ErrNoQueue = errors.New("inproc: no such queue")
 type Transport struct {
 	mu       sync.Mutex
 	queues   map[string]*queue
-	bindings map[string][]string   // exchange → queues
-	delays   map[string]delayRoute // delay queue → where and when
-	timers   map[*time.Timer]struct{}
+	bindings map[string][]string // exchange → queues
 	closed   bool
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -42,16 +39,9 @@ type Transport struct {
 func New() *Transport {
 	return &Transport{
 		queues: map[string]*queue{}, bindings: map[string][]string{},
-		delays: map[string]delayRoute{}, timers: map[*time.Timer]struct{}{}, done: make(chan struct{}),
+		done:       make(chan struct{}),
 		subscribed: map[*queue]struct{}{},
 	}
-}
-
-// delayRoute forwards what is sent to a delay queue to target after d, the
-// way a RabbitMQ queue with a TTL and a dead-letter route does.
-type delayRoute struct {
-	target string
-	d      time.Duration
 }
 
 type item struct {
@@ -127,17 +117,17 @@ func (t *Transport) notify() {
 }
 
 // OnSettle sets a function called after every delivery is acked or
-// handed back and after every delayed message reaches its queue: the
-// moments Outstanding can drop. bustest waits on it for idleness.
+// handed back: the moments Outstanding can drop. bustest waits on it for idleness.
 func (t *Transport) OnSettle(f func()) { t.onSettle.Store(&f) }
 
 // Outstanding counts the messages not yet settled in queues that have a
-// consumer: queued, handed to a consumer and not yet acked, or waiting out
-// a redelivery delay. Queues nobody consumes (error queues) are not counted.
+// consumer: queued, or handed to a consumer and not yet acked. (A delayed
+// redelivery waits in the outbox, not here.) Queues nobody consumes (error
+// queues) are not counted.
 func (t *Transport) Outstanding() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := len(t.timers)
+	n := 0
 	for q := range t.subscribed {
 		q.mu.Lock()
 		n += len(q.items) + q.unsettled
@@ -190,28 +180,8 @@ func (t *Transport) Start(_ context.Context, eps []*endpoint.Endpoint) error {
 		for _, b := range ep.Bindings {
 			t.bind(b.Exchange, ep.Name())
 		}
-		for _, d := range ep.Redelivery {
-			t.delays[ep.DelayQueue(d)] = delayRoute{target: ep.Name(), d: d}
-		}
 	}
 	return nil
-}
-
-// later queues it on the route's target once the delay has passed. Messages
-// still waiting when the transport closes are dropped, like everything else
-// it holds in memory. Called with t.mu held.
-func (t *Transport) later(r delayRoute, it *item) {
-	var tm *time.Timer
-	tm = time.AfterFunc(r.d, func() {
-		t.mu.Lock()
-		delete(t.timers, tm)
-		if !t.closed {
-			t.queue(r.target).push(it)
-		}
-		t.mu.Unlock()
-		t.notify()
-	})
-	t.timers[tm] = struct{}{}
 }
 
 // Deliver routes each message; a send to an unknown queue fails.
@@ -238,10 +208,6 @@ func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 	for i, m := range msgs {
 		kind, name := wire.ParseDestination(m.Destination)
 		var targets []string
-		if r, ok := t.delays[name]; ok && kind == "queue" {
-			t.later(r, &item{id: m.MessageID, headers: headersOf(m), payload: m.Payload})
-			continue
-		}
 		if kind == "exchange" {
 			targets = t.bindings[name]
 			if mandatory && len(targets) == 0 {
@@ -283,10 +249,6 @@ func (t *Transport) Close() error {
 	if !t.closed {
 		t.closed = true
 		close(t.done)
-		for tm := range t.timers {
-			tm.Stop()
-		}
-		clear(t.timers)
 	}
 	t.mu.Unlock()
 	t.wg.Wait()

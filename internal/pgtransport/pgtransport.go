@@ -150,9 +150,8 @@ type Transport struct {
 	started  bool
 	closed   bool
 	signals  map[string]*signal
-	known    map[string]bool       // queues known to exist
-	local    map[string][]string   // exchange → local queues bound to it
-	delays   map[string]delayRoute // delay queue → endpoint queue and delay
+	known    map[string]bool     // queues known to exist
+	local    map[string][]string // exchange → local queues bound to it
 	listenOK bool
 
 	pendingMu sync.Mutex
@@ -196,7 +195,6 @@ func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
 	t := &Transport{
 		sqlDB: sqlDB, cfg: cfg, log: log.With("transport", "postgres"), n: n, schema: schema, pub: pub,
 		ctx: ctx, cancel: cancel, signals: map[string]*signal{}, known: map[string]bool{}, local: map[string][]string{},
-		delays:  map[string]delayRoute{},
 		pending: map[string]bool{}, kick: make(chan struct{}, 1),
 	}
 	t.watch = xactwatch.New(xactwatch.DefaultConfig, t.watchQuery, t.committed)
@@ -258,11 +256,6 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 	}
 	for _, q := range queues {
 		t.known[q] = true
-	}
-	for _, ep := range eps {
-		for _, d := range ep.Redelivery {
-			t.delays[ep.DelayQueue(d)] = delayRoute{target: ep.Name(), delay: d}
-		}
 	}
 	for i, x := range bx {
 		if !slices.Contains(t.local[x], bq[i]) {
@@ -351,13 +344,11 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 // messages written.
 func (t *Transport) notifyDelivered(msgs []*outbox.Message, errs []error) {
 	dests := make([]string, 0, len(msgs))
-	t.mu.Lock()
 	for i, m := range msgs {
 		if errs[i] == nil {
-			dests = append(dests, t.notifyDestinationLocked(m.Destination))
+			dests = append(dests, notifyDestination(m.Destination))
 		}
 	}
-	t.mu.Unlock()
 	t.pendingMu.Lock()
 	for _, d := range dests {
 		t.pending[d] = true
@@ -412,19 +403,9 @@ func (t *Transport) sendNotify(ctx context.Context, dests []string) {
 }
 
 // notifyDestination is what a notification for a message sent to dest
-// names: the destination itself, or for a delay queue the endpoint queue
-// its rows go to (consumers that wake learn when the row turns visible).
-func (t *Transport) notifyDestination(dest string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.notifyDestinationLocked(dest)
-}
-
-func (t *Transport) notifyDestinationLocked(dest string) string {
+// names: the destination in its canonical "<kind>:<name>" form.
+func notifyDestination(dest string) string {
 	kind, name := wire.ParseDestination(dest)
-	if r, ok := t.delays[name]; ok && kind == "queue" {
-		name = r.target
-	}
 	return kind + ":" + name
 }
 
@@ -508,7 +489,7 @@ func (t *Transport) committed(tags []any) {
 		// other processes from here.
 		dests := map[string]bool{}
 		for _, m := range msgs {
-			dests[t.notifyDestination(m.Destination)] = true
+			dests[notifyDestination(m.Destination)] = true
 		}
 		t.sendNotify(t.ctx, slices.Collect(maps.Keys(dests)))
 	}
@@ -585,11 +566,9 @@ func (t *Transport) SharesDB(tx *gorm.DB) bool {
 // publish inserts msgs[idx] through a watermill-sql Publisher.
 func (t *Transport) publish(ctx context.Context, pub *wsql.Publisher, msgs []*outbox.Message, idx []int) error {
 	wms := make([]*message.Message, len(idx))
-	t.mu.Lock()
 	for j, i := range idx {
-		wms[j] = toWatermill(msgs[i], t.delays)
+		wms[j] = toWatermill(msgs[i])
 	}
-	t.mu.Unlock()
 	wms[0].SetContext(ctx)
 	err := pub.Publish(topic, wms...)
 	if err == nil {
@@ -609,7 +588,7 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 	var unknown []string
 	t.mu.Lock()
 	for _, m := range msgs {
-		if kind, name := wire.ParseDestination(m.Destination); kind == "queue" && !t.known[name] && !t.isDelayLocked(name) && !slices.Contains(unknown, name) {
+		if kind, name := wire.ParseDestination(m.Destination); kind == "queue" && !t.known[name] && !slices.Contains(unknown, name) {
 			unknown = append(unknown, name)
 		}
 	}
@@ -634,8 +613,6 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 		switch {
 		case name == "":
 			errs[i] = fmt.Errorf("pgtransport: message %q: empty destination %q", m.MessageID, m.Destination)
-		case kind == "queue" && t.isDelayLocked(name):
-			idx = append(idx, i)
 		case kind == "queue" && !t.known[name] && lookupErr != nil:
 			errs[i] = lookupErr
 		case kind == "queue" && !t.known[name]:
@@ -678,17 +655,10 @@ func (t *Transport) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 
 // toWatermill builds the row's message: the headers plus the message's own
 // fields (id, type, content type, correlation id, destination) as headers,
-// as the other transports deliver them. A message for a delay queue (see
-// delayRoute) goes to the route's endpoint queue instead, to become visible
-// after the route's delay.
-func toWatermill(m *outbox.Message, delays map[string]delayRoute) *message.Message {
-	h := message.Metadata(transport.Headers(m, 2))
-	kind, name := wire.ParseDestination(m.Destination)
-	if r, ok := delays[name]; ok && kind == "queue" {
-		name = r.target
-		h[metaDelay] = strconv.FormatInt(r.delay.Milliseconds(), 10)
-	}
-	h[wire.HeaderDestination] = kind + ":" + name
+// as the other transports deliver them.
+func toWatermill(m *outbox.Message) *message.Message {
+	h := message.Metadata(transport.Headers(m, 1))
+	h[wire.HeaderDestination] = notifyDestination(m.Destination)
 	wm := message.NewMessage(m.MessageID, m.Payload)
 	wm.Metadata = h
 	return wm
@@ -757,20 +727,6 @@ func (t *Transport) Close() error {
 	// closed itself), so it is left as it is: closing it would race with a
 	// Deliver still running.
 	return nil
-}
-
-// delayRoute is where a message sent to a delay queue goes: PostgreSQL
-// needs no queue to hold it, only a row in the endpoint's queue that turns
-// visible after delay. The names are Endpoint.DelayQueue's, so the bus
-// redelivers the same way on every transport.
-type delayRoute struct {
-	target string
-	delay  time.Duration
-}
-
-func (t *Transport) isDelayLocked(queue string) bool {
-	_, ok := t.delays[queue]
-	return ok
 }
 
 func (t *Transport) isClosed() bool {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 	"strconv"
 	"strings"
@@ -164,11 +163,11 @@ var _ wsql.SchemaAdapter = schemaAdapter{}
 // insertCTE unnests a batch and fans each message out to the queues bound
 // to its exchange (or to its declared queue), in batch order.
 const insertCTE = `WITH m AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::float8[])
-        WITH ORDINALITY AS m(kind, name, message_id, metadata, payload, delay, ord)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+        WITH ORDINALITY AS m(kind, name, message_id, metadata, payload, ord)
 ), ins AS (
     INSERT INTO {messages} (queue, message_id, metadata, payload, visible_at)
-    SELECT t.queue, m.message_id, m.metadata::json, m.payload, now() + make_interval(secs => m.delay)
+    SELECT t.queue, m.message_id, m.metadata::json, m.payload, now()
     FROM m CROSS JOIN LATERAL (
         SELECT b.queue FROM {bindings} b WHERE m.kind = 'exchange' AND b.exchange = m.name
         UNION ALL
@@ -243,23 +242,12 @@ func (s schemaAdapter) InsertQuery(p wsql.InsertQueryParams) (wsql.Query, error)
 	ids := make([]string, n)
 	metas := make([]string, n)
 	payloads := make([][]byte, n)
-	delays := make([]float64, n)
 	for i, msg := range p.Msgs {
 		kind, name := wire.ParseDestination(msg.Metadata.Get(wire.HeaderDestination))
 		if name == "" {
 			return wsql.Query{}, fmt.Errorf("pgtransport: message %q has no destination", msg.UUID)
 		}
-		md := msg.Metadata
-		if v, ok := md[metaDelay]; ok {
-			ms, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || ms < 0 {
-				return wsql.Query{}, fmt.Errorf("pgtransport: message %q: bad delay %q", msg.UUID, v)
-			}
-			delays[i] = float64(ms) / 1000
-			md = maps.Clone(md)
-			delete(md, metaDelay)
-		}
-		meta, err := json.Marshal(md)
+		meta, err := json.Marshal(msg.Metadata)
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("pgtransport: encode headers of message %q: %w", msg.UUID, err)
 		}
@@ -270,9 +258,9 @@ func (s schemaAdapter) InsertQuery(p wsql.InsertQueryParams) (wsql.Query, error)
 		}
 	}
 	if s.inTx {
-		return wsql.Query{Query: s.txSQL, Args: []any{kinds, dests, ids, metas, payloads, delays}}, nil
+		return wsql.Query{Query: s.txSQL, Args: []any{kinds, dests, ids, metas, payloads}}, nil
 	}
-	return wsql.Query{Query: s.insertSQL, Args: []any{kinds, dests, ids, metas, payloads, delays}}, nil
+	return wsql.Query{Query: s.insertSQL, Args: []any{kinds, dests, ids, metas, payloads}}, nil
 }
 
 // SelectQuery implements wsql.SchemaAdapter: it claims the oldest visible
@@ -283,11 +271,6 @@ func (s schemaAdapter) SelectQuery(p wsql.SelectQueryParams) (wsql.Query, error)
 	}
 	return wsql.Query{Query: s.claimSQL, Args: []any{p.Topic, s.lease.Seconds()}}, nil
 }
-
-// metaDelay is the header, set by the transport and never stored, that
-// asks InsertQuery to make the row visible only after that many
-// milliseconds (a delayed redelivery, see delayRoute).
-const metaDelay = "_bw_pg_delay_ms"
 
 // deliveriesKey is the Row.ExtraData key of the delivery count, which
 // fences acks, nacks and lease extensions to the claim that made them.

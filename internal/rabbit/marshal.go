@@ -77,6 +77,19 @@ func toPublishing(m *outbox.Message, now time.Time) amqp.Publishing {
 	}
 }
 
+// PublishingFor returns what Deliver hands the client for m: exchange,
+// routing key and message (mandatory aside). The bus's publish fuzz target
+// uses it to check that whatever the bus accepts, RabbitMQ can carry.
+func PublishingFor(m *outbox.Message) (exchange, key string, pub amqp.Publishing) {
+	kind, name := wire.ParseDestination(m.Destination)
+	if kind == "exchange" {
+		exchange, key = name, m.RoutingKey
+	} else {
+		key = name
+	}
+	return exchange, key, toPublishing(m, time.Now())
+}
+
 // fromDelivery builds the Watermill message for a delivery. The UUID is the
 // message_id property, else a `message-id` header (what BareWire's docs
 // tell plain-client publishers to set), else the Watermill header, else ""

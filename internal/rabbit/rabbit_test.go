@@ -286,6 +286,9 @@ func TestCompetingConsumers(t *testing.T) {
 	}
 }
 
+// TestNackRequeuesAndCloseRequeuesInFlight: a nack requeues; stopping a
+// subscription drains (the message in flight keeps its context and its
+// verdict is applied); closing the transport cancels and requeues it.
 func TestNackRequeuesAndCloseRequeuesInFlight(t *testing.T) {
 	pl := newPlain(t)
 	queue := uniq("nack")
@@ -309,14 +312,18 @@ func TestNackRequeuesAndCloseRequeuesInFlight(t *testing.T) {
 	if m.UUID != "n1" || m.Metadata.Get(transport.MetaRedelivered) != "true" {
 		t.Errorf("after nack: uuid %q redelivered %q", m.UUID, m.Metadata.Get(transport.MetaRedelivered))
 	}
-	// Stop the subscription without settling: the message goes back.
+	// Stop the subscription with the message in flight: it drains.
 	cancel()
-	for range out { //nolint:revive // drain until closed
-	}
 	select {
-	case <-m.Context().Done():
-	default:
-		t.Error("message context not canceled when the subscription stopped")
+	case _, ok := <-out:
+		t.Fatalf("subscription ended (open=%v) before the message in flight was settled", ok)
+	case <-time.After(200 * time.Millisecond): // nothing to wait for: the channel must stay open
+	}
+	if err := m.Context().Err(); err != nil {
+		t.Errorf("message context canceled (%v) while the subscription drains", err)
+	}
+	m.Nack()
+	for range out { //nolint:revive // drain until closed
 	}
 
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -326,13 +333,25 @@ func TestNackRequeuesAndCloseRequeuesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = receive(t, out2, 5*time.Second)
-	m.Ack()
 	if m.UUID != "n1" {
-		t.Errorf("in-flight message not requeued: got %q", m.UUID)
+		t.Errorf("nacked message not requeued: got %q", m.UUID)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n := pl.count(queue); n != 0 {
-		t.Errorf("%d messages left after ack", n)
+	// Closing the transport does not wait: the handler's context ends and
+	// the message goes back to the queue.
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Context().Done():
+	default:
+		t.Error("message context not canceled when the transport closed")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for pl.count(queue) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages in the queue after Close, want the in-flight one back", pl.count(queue))
+		}
+		time.Sleep(20 * time.Millisecond) // the broker requeues asynchronously; no signal to wait on
 	}
 }
 

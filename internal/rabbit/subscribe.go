@@ -47,8 +47,9 @@ func prefetchFor(ep *endpoint.Endpoint) int {
 // Subscribe starts one consumer of queue. Messages come one at a time: the
 // next is sent after the previous one is acked (basic.ack) or nacked
 // (basic.nack with requeue). The output channel is closed when ctx is done
-// or the subscriber or transport is closed; a message that was handed out
-// and not acked by then is requeued. Broker connection losses are survived:
+// or the subscriber is closed, after the message handed out (if any) has
+// its verdict, which is then applied; closing the transport requeues it
+// without waiting. Broker connection losses are survived:
 // the consumer resumes on a new channel after the reconnect.
 func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
 	t := s.t
@@ -155,9 +156,15 @@ func (s *subscription) consume(ctx context.Context, conn *amqp.Connection, start
 
 // handle hands one delivery to the router and settles it with the broker.
 // It returns nil unless settling failed on a broken channel.
+//
+// Stopping the subscription (ctx: the router closing, bus.Stop) drains: a
+// delivery not yet handed out is requeued, one handed out keeps running
+// and is settled by its verdict; the caller then returns and the channel's
+// close requeues whatever the broker prefetched. Closing the transport
+// (Stop's deadline passed) cancels the handler and requeues at once.
 func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
 	msg := fromDelivery(d)
-	mctx, cancel := context.WithCancel(ctx)
+	mctx, cancel := context.WithCancel(s.t.ctx)
 	defer cancel()
 	msg.SetContext(mctx)
 
@@ -166,6 +173,11 @@ func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
 			s.log.Debug("rabbitmq nack on shutdown failed; the broker requeues unacked messages when the channel closes",
 				slog.String("message_id", msg.UUID), slog.String("error", err.Error()))
 		}
+	}
+	// A stop wins over a ready receiver: no delivery starts after it.
+	if ctx.Err() != nil {
+		requeue()
+		return nil
 	}
 	select {
 	case s.out <- msg:
@@ -179,9 +191,9 @@ func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
 		err = d.Ack(false)
 	case <-msg.Nacked():
 		err = d.Nack(false, true)
-	case <-ctx.Done():
+	case <-s.t.ctx.Done():
 		select {
-		case <-msg.Acked(): // acked just as we were stopped: keep the ack
+		case <-msg.Acked(): // acked just as we were closed: keep the ack
 			_ = d.Ack(false)
 		default:
 			requeue()

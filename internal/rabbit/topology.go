@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -161,21 +160,6 @@ func errorQueue(ep *endpoint.Endpoint) endpoint.Queue {
 	return endpoint.Queue{Name: ep.ErrorQueue, Type: typ}
 }
 
-// delayQueue holds redelivered messages for delay, then dead-letters them
-// through the default exchange back to the endpoint's queue. Every message
-// in it has the same TTL, so none waits behind a longer one.
-func delayQueue(ep *endpoint.Endpoint, delay time.Duration) endpoint.Queue {
-	typ := ep.Queue.Type
-	if typ == endpoint.Stream {
-		typ = endpoint.Classic
-	}
-	return endpoint.Queue{
-		Name: ep.DelayQueue(delay), Type: typ, MessageTTL: delay,
-		DeadLetterExchange: "", DeadLetterRoutingKey: ep.Name(),
-		Args: map[string]any{"x-dead-letter-exchange": ""},
-	}
-}
-
 // declareTopology declares, in this order so that every reference resolves:
 // user exchanges, one fanout exchange per consumed message type, endpoint
 // queues and their error queues, user queues, then every binding. Declaring
@@ -212,9 +196,6 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 		// letters that exchange cannot route.
 		if ep.ErrorQueue != "" {
 			d.queue(errorQueue(ep))
-		}
-		for _, delay := range ep.Redelivery {
-			d.queue(delayQueue(ep, delay))
 		}
 	}
 	for _, q := range topo.Queues {

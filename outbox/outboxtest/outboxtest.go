@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,6 +67,7 @@ func Run(t *testing.T, newStore func(t *testing.T) (outbox.Store, InTx), opts ..
 		{"MarkDelivered", testMarkDelivered, false},
 		{"Release", testRelease, false},
 		{"ReleaseRetryAfter", testReleaseRetryAfter, false},
+		{"AddDelay", testAddDelay, false},
 		{"ParkedDoNotBlock", testParkedDoNotBlock, false},
 		{"ConcurrentClaimers", testConcurrentClaimers, false},
 		{"LeaseExpiry", testLeaseExpiry, false},
@@ -471,6 +473,31 @@ func testReleaseRetryAfter(t *testing.T, s outbox.Store, inTx InTx) {
 	wantIDs(t, "Claim during the backoff", claim(t, ctx, s, "relay-2", 10, longLease), ids[1:])
 	got := claimEventually(t, ctx, s, "relay-2", 10, start, backoff-100*time.Millisecond)
 	wantIDs(t, "Claim after the backoff", got, ids[:1])
+}
+
+// testAddDelay: a row added with a Delay is not claimable before it has
+// passed (the database's clock), rows without one are, and a negative
+// Delay is refused.
+func testAddDelay(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	const delay = 600 * time.Millisecond
+	msgs := newMessages("d", 2)
+	msgs[0].Delay = delay
+	start := time.Now()
+	ids := add(t, ctx, s, inTx, msgs)
+	wantIDs(t, "Claim before the delay", claim(t, ctx, s, "relay-1", 10, longLease), ids[1:])
+	got := claimEventually(t, ctx, s, "relay-1", 10, start, delay-100*time.Millisecond)
+	wantIDs(t, "Claim after the delay", got, ids[:1])
+	if got[0].Delay != 0 {
+		t.Errorf("claimed row has Delay %v; rows read back leave it zero", got[0].Delay)
+	}
+
+	bad := newMessages("neg", 1)
+	bad[0].Delay = -time.Second
+	err := inTx(ctx, func(ctx context.Context) error { return s.Add(ctx, bad) })
+	if err == nil || !strings.Contains(err.Error(), "Delay") {
+		t.Errorf("Add with a negative Delay = %v, want an error naming Delay", err)
+	}
 }
 
 func testParkedDoNotBlock(t *testing.T, s outbox.Store, inTx InTx) {
