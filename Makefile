@@ -8,10 +8,11 @@ all: lint test
 
 ## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL.
 ## The reliability suite runs on its own afterwards: it restarts PostgreSQL and closes
-## broker connections, which would break tests running beside it.
+## broker connections, which would break tests running beside it. It includes the
+## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport).
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 12m ./reliability/...
+	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m ./reliability/...
 
 ## test-short: embedded-only tests (no services)
 test-short:
@@ -63,15 +64,24 @@ check-docs:
 ## TRANSPORT=rabbitmq (the default: RabbitMQ + PostgreSQL, TestReliability; needs
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL) or TRANSPORT=postgres (the
 ## PostgreSQL transport alone, TestReliabilityPostgresTransport; needs
-## BAREWIRE_TEST_POSTGRES_DSN only); prints the checker's summary last
+## BAREWIRE_TEST_POSTGRES_DSN only); prints the checker's summary last.
+## PROFILE=poison (TestPoison / TestPoisonPostgresTransport; PROFILE=poison-short is the
+## CI size, run by `make test`): no faults; good traffic in baseline, poison and baseline
+## phases, 1.5 % of each poison class (consumer errors, Permanent, panics, aborted
+## transactions, bad JSON, unknown types, oversized and invalid ids and headers, a send to
+## a missing queue, raw AMQP bad ids) in the middle one; fails unless every poison message
+## is dead-lettered with its reason, refused at publish or parked within 30 s with no
+## effect, good traffic's p99 stays within 2x the baselines' (5x for poison-short) and no
+## process reconnects
 .PHONY: reliability
 PROFILE ?= short
 TRANSPORT ?= rabbitmq
-RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),TestReliabilityPostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),TestReliability,$(error TRANSPORT=$(TRANSPORT): use rabbitmq or postgres)))
+RELIABILITY_KIND = $(if $(filter poison poison-short,$(PROFILE)),TestPoison,TestReliability)
+RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(error TRANSPORT=$(TRANSPORT): use rabbitmq or postgres)))
 RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(TRANSPORT)-$(PROFILE).txt
 reliability:
 	@rm -f $(RELIABILITY_SUMMARY)
-	@BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) BAREWIRE_RELIABILITY_PG_RESTART=1 \
+	@BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) $(if $(filter TestPoison,$(RELIABILITY_KIND)),,BAREWIRE_RELIABILITY_PG_RESTART=1) \
 		$(GO) test -race -count=1 -v -run '$(RELIABILITY_TEST)$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
 		status=$$?; echo; \
 		if [ -f $(RELIABILITY_SUMMARY) ]; then cat $(RELIABILITY_SUMMARY); else echo "reliability: no summary was written (see the output above)"; fi; \

@@ -127,6 +127,9 @@ func Check(ctx context.Context, db *gorm.DB, n workload.Names) (*Report, error) 
 		followups   = n.Table(workload.TableFollowups)
 		outboxT     = n.Table("outbox")
 		inboxT      = n.Table("inbox")
+		// Poison messages (the poison profile) are judged by CheckPoison:
+		// their outbox and inbox rows are left out here.
+		notPoison = ` NOT IN (SELECT message_id FROM ` + n.Table(workload.TablePoison) + ` WHERE message_id IS NOT NULL)`
 	)
 	r := &Report{}
 	var err error
@@ -173,18 +176,18 @@ UNION ALL (SELECT 'phantom '||t.`+idCol+` FROM `+table+` t WHERE t.`+where+` AND
 	}
 	scan(&r.FollowupIDsDoubled, `SELECT count(*) FROM (SELECT followup_id FROM `+followups+` GROUP BY followup_id HAVING count(*) > 1) d`)
 
-	scan(&r.OutboxPending, `SELECT count(*) FROM `+outboxT+` WHERE status = 'pending'`)
-	scan(&r.OutboxLeased, `SELECT count(*) FROM `+outboxT+` WHERE status = 'pending' AND locked_until IS NOT NULL`)
-	scan(&r.OutboxParked, `SELECT count(*) FROM `+outboxT+` WHERE status = 'parked'`)
+	scan(&r.OutboxPending, `SELECT count(*) FROM `+outboxT+` WHERE status = 'pending' AND message_id`+notPoison)
+	scan(&r.OutboxLeased, `SELECT count(*) FROM `+outboxT+` WHERE status = 'pending' AND locked_until IS NOT NULL AND message_id`+notPoison)
+	scan(&r.OutboxParked, `SELECT count(*) FROM `+outboxT+` WHERE status = 'parked' AND message_id`+notPoison)
 	scan(&r.OutboxDelivered, `SELECT count(*) FROM `+outboxT+` WHERE status = 'delivered'`)
 	scan(&r.OutboxMaxAttempts, `SELECT coalesce(max(attempts), 0) FROM `+outboxT)
-	scan(&r.OutboxRows, `SELECT count(*) FROM `+outboxT)
-	scan(&r.OutboxOrderRows, `SELECT count(*) FROM `+outboxT+` WHERE message_type = ?`, n.OrderType())
-	scan(&r.OutboxPhantomOrders, `SELECT count(*) FROM `+outboxT+` o WHERE o.message_type = ? AND NOT EXISTS (SELECT 1 FROM `+produced+` p WHERE p.message_id = o.message_id)`, n.OrderType())
+	scan(&r.OutboxRows, `SELECT count(*) FROM `+outboxT+` WHERE message_id`+notPoison)
+	scan(&r.OutboxOrderRows, `SELECT count(*) FROM `+outboxT+` WHERE message_type = ? AND message_id`+notPoison, n.OrderType())
+	scan(&r.OutboxPhantomOrders, `SELECT count(*) FROM `+outboxT+` o WHERE o.message_type = ? AND o.message_id`+notPoison+` AND NOT EXISTS (SELECT 1 FROM `+produced+` p WHERE p.message_id = o.message_id)`, n.OrderType())
 	scan(&r.OutboxRolledBack, `SELECT count(*) FROM `+outboxT+` o JOIN `+rolledBack+` b ON b.message_id = o.message_id`)
 
-	scan(&r.InboxProcessed, `SELECT count(*) FROM `+inboxT+` WHERE processed_at IS NOT NULL`)
-	scan(&r.InboxUnprocessed, `SELECT count(*) FROM `+inboxT+` WHERE processed_at IS NULL`)
+	scan(&r.InboxProcessed, `SELECT count(*) FROM `+inboxT+` WHERE processed_at IS NOT NULL AND message_id`+notPoison)
+	scan(&r.InboxUnprocessed, `SELECT count(*) FROM `+inboxT+` WHERE processed_at IS NULL AND message_id`+notPoison)
 	scan(&r.InboxReattempts, `SELECT coalesce(sum(attempts - 1), 0) FROM `+inboxT+` WHERE processed_at IS NOT NULL`)
 	scan(&r.InboxMaxAttempts, `SELECT coalesce(max(attempts), 0) FROM `+inboxT)
 	if err != nil {
@@ -214,12 +217,13 @@ func (p Progress) String() string {
 // ReadProgress reads the Progress of run n.
 func ReadProgress(ctx context.Context, db *gorm.DB, n workload.Names) (Progress, error) {
 	var p Progress
+	notPoison := ` NOT IN (SELECT message_id FROM ` + n.Table(workload.TablePoison) + ` WHERE message_id IS NOT NULL)`
 	err := db.WithContext(ctx).Raw(`SELECT
 (SELECT count(*) FROM `+n.Table(workload.TableProduced)+`),
 (SELECT count(*) FROM `+n.Table(workload.TableEffects)+`),
 (SELECT count(*) FROM `+n.Table(workload.TableFollowups)+`),
-(SELECT count(*) FROM `+n.Table("outbox")+` WHERE status = 'pending'),
-(SELECT count(*) FROM `+n.Table("inbox")+` WHERE processed_at IS NULL)`).Row().
+(SELECT count(*) FROM `+n.Table("outbox")+` WHERE status = 'pending' AND message_id`+notPoison+`),
+(SELECT count(*) FROM `+n.Table("inbox")+` WHERE processed_at IS NULL AND message_id`+notPoison+`)`).Row().
 		Scan(&p.Committed, &p.EffectRows, &p.FollowupRows, &p.OutboxPending, &p.InboxUnprocessed)
 	return p, err
 }

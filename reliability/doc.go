@@ -17,4 +17,30 @@
 // BAREWIRE_TEST_AMQP_URL (see internal/testenv); for two of the faults,
 // rabbitmqctl and a command that restarts PostgreSQL (see
 // DefaultRabbitmqctl and DefaultPGRestart).
+//
+// The poison profile (PoisonProfile, `make reliability PROFILE=poison`;
+// PoisonShortProfile in CI) checks liveness instead of surviving faults:
+// TestPoison and TestPoisonPostgresTransport inject no fault, run good
+// traffic in three phases (baseline, poison, baseline; Profile.Phases) and
+// mix 1.5 % of every class of workload.PoisonClasses into the middle one:
+// consumer errors (plain, a wrapped context.DeadlineExceeded, a wrapped
+// *url.Error from net/http, each also wrapped in endpoint.Permanent),
+// panics, aborted transactions (a failing statement whose error the
+// consumer ignores: 25P02 at the inbox mark), malformed JSON, unknown
+// types, oversized correlation id, header key and message id and NUL or
+// invalid-UTF-8 ids at publish, the same bad ids from a plain amqp091
+// client (RabbitMQ only), and a send to a queue that does not exist. The
+// producer records every poison message in the poison table (with its
+// error when the publish was refused); the consumers misbehave by the
+// message's workload.HeaderPoisonClass. Besides the exactly-once checker
+// (which leaves poison rows out), EvaluatePoison reports, per class, that
+// every message reached its terminal state (workload.TerminalDeadLetter
+// with the class's BW-Fault-Reason, without a retry for Permanent
+// failures; TerminalRefused; TerminalRefusedOrParked) within
+// PoisonBounds.Terminal (30 s) with no business effect; that no good
+// message was dead-lettered; that good traffic's p99 latency during poison
+// is within PoisonBounds.P99Ratio of the baselines' mean (2x; 5x in the
+// short CI profile, whose phases are a dozen seconds on two shared cores);
+// and that the processes lost no transport connection (the test service's
+// "reconnects" counter).
 package reliability

@@ -100,6 +100,68 @@ type Profile struct {
 	// LoadTimeout bounds the producer's run; DrainTimeout the wait for
 	// everything to be consumed afterwards.
 	LoadTimeout, DrainTimeout time.Duration
+
+	// Phases, when set, replace the single producer run: one producer
+	// process per phase, in order, each phase's good traffic processed
+	// before the next starts (the poison profiles: baseline, poison,
+	// baseline). Messages is then their sum.
+	Phases []Phase
+	// Retries is the consumers' in-process retry count (0: the service's
+	// default, 8).
+	Retries int
+	// Poison bounds the poison phases' verdicts (see CheckPoison).
+	Poison PoisonBounds
+}
+
+// Phase is one producer run of a phased profile.
+type Phase struct {
+	Name string
+	// Messages is how many good orders the phase commits.
+	Messages int
+	// PoisonRatio is the share of the phase's producer transactions that
+	// send each poison class (workload.PoisonClasses) instead.
+	PoisonRatio float64
+}
+
+// PoisonProfile is `make reliability PROFILE=poison`: good traffic in
+// three phases (baseline, poison, baseline) with 1.5 % of each poison class
+// of workload.PoisonClasses mixed into the middle one, no injected fault,
+// and the endpoints' default retry policy (3 retries). CheckPoison's
+// bounds: every poison message terminal within 30 s, good traffic's p99
+// during poison at most 2x the baselines' mean, 0 reconnects.
+func PoisonProfile() Profile {
+	p := ShortProfile()
+	p.Name = "poison"
+	p.Script, p.Random, p.SpreadScript = nil, nil, false
+	p.FailFirst, p.KillAfterConfirm = 0, 0
+	p.RollbackRatio, p.RepublishRatio = 0.02, 0.02
+	p.Retries = 3
+	p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 100)
+	n := envInt("BAREWIRE_RELIABILITY_MESSAGES", 12000)
+	p.Phases = []Phase{{Name: "baseline-1", Messages: n / 4}, {Name: "poison", Messages: n / 2, PoisonRatio: 0.015}, {Name: "baseline-2", Messages: n / 4}}
+	p.Messages = n/4*2 + n/2
+	p.Poison = PoisonBounds{Terminal: 30 * time.Second, P99Ratio: 2}
+	p.LoadTimeout = envDuration("BAREWIRE_RELIABILITY_LOAD_TIMEOUT", 10*time.Minute)
+	// Long enough for the terminal bound and then some: a poison message
+	// still in a queue after it is a failure anyway.
+	p.DrainTimeout = 45 * time.Second
+	return p
+}
+
+// PoisonShortProfile is the poison profile CI runs (TestPoison), sized to
+// about 90 s per transport. Its p99 bound is 5x instead of 2x: CI shares
+// two cores between the broker, the database and every process, and over
+// phases of a dozen seconds one scheduling hiccup moves a p99 more than
+// poison does.
+func PoisonShortProfile() Profile {
+	p := PoisonProfile()
+	p.Name = "poison-short"
+	p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 50)
+	n := envInt("BAREWIRE_RELIABILITY_MESSAGES", 2100)
+	p.Phases = []Phase{{Name: "baseline-1", Messages: n * 2 / 7}, {Name: "poison", Messages: n * 3 / 7, PoisonRatio: 0.015}, {Name: "baseline-2", Messages: n * 2 / 7}}
+	p.Messages = n*2/7*2 + n*3/7
+	p.Poison.P99Ratio = 5
+	return p
 }
 
 // ShortProfile is the profile go test runs (in CI): every fault at least
@@ -162,7 +224,8 @@ func LongProfile() Profile {
 //     traffic (relay-kill stays in the script and is reported as skipped,
 //     with the reason);
 //   - db-close replaces broker-close;
-//   - fewer messages and a lower rate in the short profile: every message
+//   - fewer messages and a lower rate in the short profile, and a lower
+//     rate (60/s) in the poison one: every message
 //     costs the database the transport's commits on top of the inbox's, on
 //     the same (small, shared) machine. BAREWIRE_RELIABILITY_MESSAGES and
 //     BAREWIRE_RELIABILITY_RATE still override them.
@@ -182,6 +245,9 @@ func ForPostgresTransport(p Profile) Profile {
 		return out
 	}
 	p.Script, p.Random = swap(p.Script), swap(p.Random)
+	if p.Name == "poison" {
+		p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 60)
+	}
 	if p.Name == "short" {
 		p.Messages = envInt("BAREWIRE_RELIABILITY_MESSAGES", 2000)
 		p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 60)
@@ -197,9 +263,21 @@ func ProfileFromEnv() (Profile, error) {
 		return ShortProfile(), nil
 	case "long":
 		return LongProfile(), nil
+	case "poison", "poison-short":
+		return Profile{}, fmt.Errorf("BAREWIRE_RELIABILITY_PROFILE=%q is run by TestPoison and TestPoisonPostgresTransport (make reliability PROFILE=poison)", v)
 	default:
-		return Profile{}, fmt.Errorf("BAREWIRE_RELIABILITY_PROFILE=%q: use short or long", v)
+		return Profile{}, fmt.Errorf("BAREWIRE_RELIABILITY_PROFILE=%q: use short, long or poison", v)
 	}
+}
+
+// PoisonProfileFromEnv returns the poison profile TestPoison runs:
+// PoisonShortProfile, or PoisonProfile with
+// BAREWIRE_RELIABILITY_PROFILE=poison.
+func PoisonProfileFromEnv() Profile {
+	if os.Getenv("BAREWIRE_RELIABILITY_PROFILE") == "poison" {
+		return PoisonProfile()
+	}
+	return PoisonShortProfile()
 }
 
 func envInt(k string, def int) int {

@@ -26,6 +26,7 @@ func TestReliability(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault-injection suite: runs without -short")
 	}
+	skipPoison(t)
 	dsn := testenv.PostgresDSN(t)
 	url := testenv.AMQPURL(t)
 	prof, err := reliability.ProfileFromEnv()
@@ -52,12 +53,42 @@ func TestReliabilityPostgresTransport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault-injection suite: runs without -short")
 	}
+	skipPoison(t)
 	dsn := testenv.PostgresDSN(t)
 	prof, err := reliability.ProfileFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	runProfile(t, reliability.ForPostgresTransport(prof), reliability.Env{PostgresDSN: dsn})
+}
+
+// TestPoison runs the poison profile on RabbitMQ + PostgreSQL (the short
+// one, PoisonShortProfile; with BAREWIRE_RELIABILITY_PROFILE=poison,
+// PoisonProfile): good traffic in a baseline, a poison and a second
+// baseline phase, every poison class of workload.PoisonClasses mixed into
+// the middle one. Beside the exactly-once checker it fails on any poison
+// verdict of CheckPoison's report (see EvaluatePoison).
+func TestPoison(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault-injection suite: runs without -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	url := testenv.AMQPURL(t)
+	runProfile(t, reliability.PoisonProfileFromEnv(), reliability.Env{
+		PostgresDSN: dsn,
+		AMQPURL:     url,
+		Broker:      &reliability.Broker{URL: url, Ctl: reliability.DefaultRabbitmqctl()},
+	})
+}
+
+// TestPoisonPostgresTransport is TestPoison on the PostgreSQL transport
+// (no raw AMQP classes).
+func TestPoisonPostgresTransport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault-injection suite: runs without -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	runProfile(t, reliability.ForPostgresTransport(reliability.PoisonProfileFromEnv()), reliability.Env{PostgresDSN: dsn})
 }
 
 // runProfile completes env (service binary, logs, PostgreSQL restart
@@ -101,5 +132,13 @@ func runProfile(t *testing.T, prof reliability.Profile, env reliability.Env) {
 	}
 	if f := res.Failures(); len(f) > 0 {
 		t.Fatalf("%d problems:\n%s", len(f), strings.Join(f, "\n"))
+	}
+}
+
+// skipPoison skips the fault profiles when BAREWIRE_RELIABILITY_PROFILE
+// asks for the poison one (TestPoison runs it).
+func skipPoison(t *testing.T) {
+	if v := os.Getenv("BAREWIRE_RELIABILITY_PROFILE"); strings.HasPrefix(v, "poison") {
+		t.Skipf("BAREWIRE_RELIABILITY_PROFILE=%s: TestPoison and TestPoisonPostgresTransport run it", v)
 	}
 }

@@ -101,6 +101,10 @@ type Result struct {
 	Problems []string
 	// Notes are observations that are not failures.
 	Notes []string
+	// Poison is the poison checker's report (phased profiles only).
+	Poison *PoisonReport
+	// PhaseLog says when each phase ran (phased profiles).
+	PhaseLog []string
 }
 
 // NewNames returns fresh names for a run.
@@ -127,6 +131,8 @@ type run struct {
 	proxies   []*Proxy // proxies[i] carries consumers[i]'s broker connections
 	relays    []*Proc
 	producer  *Proc
+	// phaseProducers are the producers of a phased profile, one per phase.
+	phaseProducers []*Proc
 }
 
 // Run runs prof: it starts the processes, drives the workload, injects the
@@ -223,6 +229,9 @@ func (r *run) baseArgs(name string, roles ...string) []string {
 		"-handler-delay", p.HandlerDelay.String(), "-fail-first", fmt.Sprint(p.FailFirst),
 		"-concurrency", strconv.Itoa(p.Concurrency),
 	}
+	if p.Retries > 0 {
+		args = append(args, "-retries", strconv.Itoa(p.Retries))
+	}
 	if p.Transport == TransportPostgres {
 		// Each handler holds a pooled connection for its transaction, and
 		// the transport needs one more for LISTEN and one per claim, ack
@@ -317,6 +326,9 @@ func (r *run) execute(ctx context.Context) error {
 			return err
 		}
 	}
+	if len(p.Phases) > 0 {
+		return r.runPhases(ctx)
+	}
 	args := append(r.baseArgs("producer", "producer"),
 		"-messages", strconv.Itoa(p.Messages), "-producer-workers", strconv.Itoa(p.ProducerWorkers),
 		"-rate", fmt.Sprint(p.Rate), "-rollback-ratio", fmt.Sprint(p.RollbackRatio),
@@ -388,7 +400,7 @@ func (r *run) all() []*Proc {
 	if r.producer != nil {
 		out = append(out, r.producer)
 	}
-	return out
+	return append(out, r.phaseProducers...)
 }
 
 // drain waits until every committed id has all its effects, nothing is
@@ -464,6 +476,11 @@ func (r *run) collect(ctx context.Context) error {
 	}
 	if r.res.Leftover, err = r.queues.QueueDepths(ctx, r.names.Queues()); err != nil {
 		return err
+	}
+	if len(r.prof.Phases) > 0 {
+		if r.res.Poison, err = r.checkPoison(ctx); err != nil {
+			return err
+		}
 	}
 	return nil
 }

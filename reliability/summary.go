@@ -20,8 +20,15 @@ func (r *Result) Failures() []string {
 	if !r.Drained {
 		out = append(out, fmt.Sprintf("did not drain within %v (last: %s)", r.Profile.DrainTimeout, r.LastProgress))
 	}
+	if r.Poison != nil {
+		// Dead letters are the poison classes' terminal state: the poison
+		// checker matches each to its message (a good one is a failure).
+		out = append(out, r.Poison.Failures()...)
+	} else if len(r.Profile.Phases) > 0 {
+		out = append(out, "no poison report")
+	}
 	for _, q := range sortedKeys(r.DeadLetters) {
-		if n := r.DeadLetters[q]; n > 0 {
+		if n := r.DeadLetters[q]; n > 0 && r.Poison == nil {
 			out = append(out, fmt.Sprintf("%d dead letters in %s", n, q))
 		}
 	}
@@ -130,6 +137,14 @@ func (r *Result) Summary() string {
 		where = "queue tables"
 	}
 	line("  %s: %d dead letters in error queues, %d messages left in endpoint queues", where, dl, left)
+	for _, l := range r.PhaseLog {
+		line("phase %s", l)
+	}
+	if r.Poison != nil {
+		for _, l := range r.Poison.Lines() {
+			line("%s", l)
+		}
+	}
 	if f := r.Failures(); len(f) > 0 {
 		for _, s := range f {
 			line("  FAILURE: %s", s)
@@ -137,6 +152,9 @@ func (r *Result) Summary() string {
 		line("verdict: FAIL (%d problems)", len(f))
 	} else {
 		line("verdict: PASS: every committed message had exactly one effect per consumer and one follow-up each; nothing lost, doubled or published without commit")
+		if r.Poison != nil {
+			line("verdict: PASS (poison): every poison message reached its terminal state within %v with no effect; p99 ratio %.2f <= %.1f; 0 reconnects", r.Poison.Bounds.Terminal, r.Poison.Ratio, r.Poison.Bounds.P99Ratio)
+		}
 	}
 	return b.String()
 }

@@ -75,6 +75,11 @@ type config struct {
 	RepublishRatio  float64
 	Rate            float64
 	PayloadBytes    int
+	// Phase labels the produced rows (the poison profile's baseline and
+	// poison phases); PoisonRatio is the share of transactions sending
+	// each poison class (workload.PoisonClasses) instead of an order.
+	Phase       string
+	PoisonRatio float64
 
 	StatsInterval time.Duration
 	LogLevel      string
@@ -112,6 +117,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.Float64Var(&c.RepublishRatio, "republish-ratio", 0.05, "producer role: ratio of transactions re-publishing an already committed message id")
 	fs.Float64Var(&c.Rate, "rate", 0, "producer role: transactions per second (0: as fast as possible)")
 	fs.IntVar(&c.PayloadBytes, "payload-bytes", 64, "producer role: padding added to each order")
+	fs.StringVar(&c.Phase, "phase", "", "producer role: label written with each produced row (the poison profile's phases)")
+	fs.Float64Var(&c.PoisonRatio, "poison-ratio", 0, "producer role: ratio of transactions sending each poison class instead of an order, 0-1 (the poison profile)")
 	fs.DurationVar(&c.StatsInterval, "stats-interval", 500*time.Millisecond, "how often to log counters")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -201,13 +208,16 @@ func (c *config) validate() error {
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"fail-first", c.FailFirst}, {"kill-after-confirm", c.KillAfterConfirm}, {"rollback-ratio", c.RollbackRatio}, {"republish-ratio", c.RepublishRatio}} {
+	}{{"fail-first", c.FailFirst}, {"kill-after-confirm", c.KillAfterConfirm}, {"rollback-ratio", c.RollbackRatio}, {"republish-ratio", c.RepublishRatio}, {"poison-ratio", c.PoisonRatio}} {
 		if r.v < 0 || r.v > 1 {
 			bad("-%s %v must be within [0, 1]", r.name, r.v)
 		}
 	}
 	if c.RollbackRatio+c.RepublishRatio >= 1 {
 		bad("-rollback-ratio plus -republish-ratio must stay below 1")
+	}
+	if n := len(workload.PoisonClasses(c.Transport)); c.PoisonRatio*float64(n) >= 0.5 {
+		bad("-poison-ratio %v times %d classes must stay below 0.5", c.PoisonRatio, n)
 	}
 	if c.Concurrency < 1 || c.ProducerWorkers < 1 || c.PoolSize < 2 || c.Retries < 0 || c.Messages < 0 || c.PayloadBytes < 0 {
 		bad("-concurrency, -producer-workers must be >= 1, -pool-size >= 2, -retries, -messages, -payload-bytes >= 0")

@@ -71,6 +71,12 @@ func (cs *consumers) order(name string) func(ctx context.Context, c *endpoint.Co
 			c.MessageID, name, cs.cfg.Instance, c.Attempt).Error; err != nil {
 			return fmt.Errorf("write effect: %w", err)
 		}
+		if class := c.Headers[workload.HeaderPoisonClass]; class != "" {
+			// The poison profile: the effect above must never commit.
+			if err, handled := misbehave(ctx, workload.PoisonClass(class), tx); handled {
+				return err
+			}
+		}
 		// A fresh message id on purpose: were this handler's effect applied
 		// twice, the two follow-ups would be two messages, both consumed,
 		// and the checker would see two follow-up rows.

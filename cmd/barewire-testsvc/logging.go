@@ -35,13 +35,21 @@ type fenceWatcher struct {
 	next   slog.Handler
 	level  slog.Level
 	fenced *atomic.Int64
+	// reconnects counts the transports' "connection lost" warnings (a
+	// RabbitMQ connection, the PostgreSQL transport's LISTEN session): the
+	// poison profile requires none.
+	reconnects *atomic.Int64
 }
 
-func newLogger(w io.Writer, level slog.Level, fenced *atomic.Int64) *slog.Logger {
+// connectionLost matches the transports' warnings when their connection
+// drops (internal/rabbit, internal/pgtransport).
+func connectionLost(msg string) bool { return strings.Contains(msg, "connection lost") }
+
+func newLogger(w io.Writer, level slog.Level, fenced, reconnects *atomic.Int64) *slog.Logger {
 	// The JSON handler itself passes everything at debug; fenceWatcher
 	// applies the configured level.
 	next := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})
-	return slog.New(&fenceWatcher{next: next, level: level, fenced: fenced})
+	return slog.New(&fenceWatcher{next: next, level: level, fenced: fenced, reconnects: reconnects})
 }
 
 func (h *fenceWatcher) Enabled(ctx context.Context, l slog.Level) bool {
@@ -49,6 +57,9 @@ func (h *fenceWatcher) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *fenceWatcher) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn && connectionLost(r.Message) {
+		h.reconnects.Add(1)
+	}
 	if r.Level < slog.LevelInfo && r.Message == busRetryMsg {
 		var lost bool
 		var id string
@@ -81,11 +92,11 @@ func (h *fenceWatcher) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h *fenceWatcher) WithAttrs(as []slog.Attr) slog.Handler {
-	return &fenceWatcher{next: h.next.WithAttrs(as), level: h.level, fenced: h.fenced}
+	return &fenceWatcher{next: h.next.WithAttrs(as), level: h.level, fenced: h.fenced, reconnects: h.reconnects}
 }
 
 func (h *fenceWatcher) WithGroup(name string) slog.Handler {
-	return &fenceWatcher{next: h.next.WithGroup(name), level: h.level, fenced: h.fenced}
+	return &fenceWatcher{next: h.next.WithGroup(name), level: h.level, fenced: h.fenced, reconnects: h.reconnects}
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -71,6 +71,8 @@ type service struct {
 	db     *gorm.DB
 	bus    *bus.Bus
 	fenced atomic.Int64
+	// reconnects counts lost transport connections (see fenceWatcher).
+	reconnects atomic.Int64
 
 	consumers *consumers
 	producer  *producer
@@ -87,7 +89,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("-log-level: %w", err)
 	}
 	s := &service{cfg: cfg}
-	s.log = newLogger(os.Stderr, level, &s.fenced).With("instance", cfg.Instance)
+	s.log = newLogger(os.Stderr, level, &s.fenced, &s.reconnects).With("instance", cfg.Instance)
 	attrs := []any{"roles", cfg.Roles, "run", cfg.Names.Run, "table_prefix", cfg.Names.Prefix, "transport", cfg.Transport}
 	if cfg.Transport == transportRabbitMQ {
 		attrs = append(attrs, "amqp_url", redactURL(cfg.AMQPURL))
@@ -343,7 +345,7 @@ func (s *service) reportStats(ctx context.Context) {
 // logStats logs every counter; the harness keeps the last line of each
 // process incarnation.
 func (s *service) logStats() {
-	attrs := []any{"fenced", s.fenced.Load()}
+	attrs := []any{"fenced", s.fenced.Load(), "reconnects", s.reconnects.Load()}
 	if s.cfg.has(roleConsumer) {
 		st := s.bus.Stats()
 		attrs = append(attrs, "consumed", st.Consumed, "duplicates", st.Duplicates, "retries", st.Retries,
@@ -352,7 +354,8 @@ func (s *service) logStats() {
 	}
 	if p := s.producer; p != nil {
 		attrs = append(attrs, "committed", p.committed.Load(), "rolled_back", p.rolledBack.Load(),
-			"republished", p.republished.Load(), "producer_failures", p.failed.Load())
+			"republished", p.republished.Load(), "producer_failures", p.failed.Load(),
+			"poison_sent", p.poisonSent.Load(), "poison_refused", p.poisonRefused.Load())
 	}
 	if r := s.relay; r != nil {
 		attrs = append(attrs, "relay_delivered", r.delivered.Load())

@@ -38,6 +38,9 @@ type producer struct {
 	seq atomic.Int64
 
 	committed, rolledBack, republished, failed atomic.Int64
+	// poisonSent and poisonRefused count poison messages by outcome.
+	poisonSent, poisonRefused atomic.Int64
+	raw                       *rawSender
 
 	mu   sync.Mutex
 	sent []workload.Order // committed orders, for re-publishing
@@ -47,7 +50,11 @@ type producer struct {
 func newProducer(cfg *config, b *bus.Bus, db *gorm.DB, log *slog.Logger) *producer {
 	var raw [4]byte
 	_, _ = rand.Read(raw[:])
-	return &producer{cfg: cfg, b: b, db: db, log: log, tag: hex.EncodeToString(raw[:]), pace: newPacer(cfg.Rate)}
+	p := &producer{cfg: cfg, b: b, db: db, log: log, tag: hex.EncodeToString(raw[:]), pace: newPacer(cfg.Rate)}
+	if cfg.PoisonRatio > 0 && cfg.Transport == transportRabbitMQ {
+		p.raw = &rawSender{url: cfg.AMQPURL} // dials on first use
+	}
+	return p
 }
 
 // run produces until the produced table holds cfg.Messages rows (ids
@@ -65,6 +72,7 @@ func (p *producer) run(ctx context.Context) error {
 		p.log.Warn("producer: counting produced rows failed; retrying", "error", err)
 		sleep(ctx, time.Second)
 	}
+	defer p.raw.close()
 	remaining := int64(p.cfg.Messages) - have
 	p.log.Info("producer starting", "already_committed", have, "to_commit", max(remaining, 0), "tag", p.tag)
 	var wg sync.WaitGroup
@@ -102,6 +110,12 @@ func (p *producer) run(ctx context.Context) error {
 // once runs one producer transaction of a randomly chosen kind.
 func (p *producer) once(ctx context.Context) error {
 	r := mrand.Float64()
+	if classes := p.poisonClasses(); len(classes) > 0 {
+		if total := p.cfg.PoisonRatio * float64(len(classes)); r < total {
+			return p.poison(ctx, classes[int(r/p.cfg.PoisonRatio)%len(classes)])
+		}
+		r = mrand.Float64()
+	}
 	switch {
 	case r < p.cfg.RollbackRatio:
 		return p.rollback(ctx)
@@ -128,7 +142,7 @@ func (p *producer) headers(o workload.Order) bus.Headers {
 
 // publishIn writes the produced row and the outbox row in tx.
 func (p *producer) publishIn(ctx context.Context, tx *gorm.DB, o workload.Order) error {
-	if err := tx.Exec(`INSERT INTO `+p.cfg.Names.Table(workload.TableProduced)+` (message_id, producer) VALUES (?, ?)`, o.ID, p.cfg.Instance).Error; err != nil {
+	if err := tx.Exec(`INSERT INTO `+p.cfg.Names.Table(workload.TableProduced)+` (message_id, producer, phase) VALUES (?, ?, ?)`, o.ID, p.cfg.Instance, p.cfg.Phase).Error; err != nil {
 		return err
 	}
 	return p.b.PublishTx(ctx, tx, o, p.headers(o))

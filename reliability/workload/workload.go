@@ -43,10 +43,15 @@ const (
 	// TableFollowups holds one row per follow-up message consumed by the
 	// audit endpoint.
 	TableFollowups = "followups"
+	// TablePoison holds one row per poison message the producer sent or
+	// tried to send (the poison profile, see PoisonClasses): its class, its
+	// id (hex, since a bad id may not be storable as text), and whether
+	// the publish was refused.
+	TablePoison = "poison"
 )
 
 // Tables lists every business table suffix.
-var Tables = []string{TableProduced, TableRolledBack, TableRepublished, TableEffects, TableFollowups}
+var Tables = []string{TableProduced, TableRolledBack, TableRepublished, TableEffects, TableFollowups, TablePoison}
 
 var (
 	runRE        = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$`)
@@ -135,6 +140,7 @@ func Migrate(ctx context.Context, db *gorm.DB, n Names) error {
 		`CREATE TABLE IF NOT EXISTS ` + t(TableProduced) + ` (
 			message_id text PRIMARY KEY,
 			producer   text NOT NULL,
+			phase      text NOT NULL DEFAULT '',
 			created_at timestamptz NOT NULL DEFAULT clock_timestamp())`,
 		`CREATE TABLE IF NOT EXISTS ` + t(TableRolledBack) + ` (
 			message_id text NOT NULL,
@@ -157,6 +163,19 @@ func Migrate(ctx context.Context, db *gorm.DB, n Names) error {
 			instance        text NOT NULL,
 			created_at      timestamptz NOT NULL DEFAULT clock_timestamp())`,
 		`CREATE INDEX IF NOT EXISTS ` + t(TableFollowups) + `_key_idx ON ` + t(TableFollowups) + ` (origin_id, source_endpoint)`,
+		// message_id is the id as text when PostgreSQL can store it (NULL
+		// otherwise); id_hex is always the exact bytes. outcome is
+		// "sent" (the publish call succeeded) or "refused" (it returned
+		// error, recorded here).
+		`CREATE TABLE IF NOT EXISTS ` + t(TablePoison) + ` (
+			poison_key text PRIMARY KEY,
+			class      text NOT NULL,
+			message_id text,
+			id_hex     text NOT NULL,
+			endpoints  integer NOT NULL,
+			outcome    text NOT NULL,
+			error      text NOT NULL DEFAULT '',
+			created_at timestamptz NOT NULL DEFAULT clock_timestamp())`,
 	}
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:workload:"+n.Prefix)).Error; err != nil {
