@@ -30,15 +30,12 @@ type consumers struct {
 func (cs *consumers) declare(e *endpoint.Endpoints) {
 	n := cs.cfg.Names
 	configure := func(ep *endpoint.Endpoint) {
-		ep.ConcurrentMessageLimit = cs.cfg.Concurrency
-		ep.PrefetchCount = 2 * cs.cfg.Concurrency
+		ep.ConcurrentMessageLimit = cs.cfg.Concurrency // PrefetchCount: the default, one per handler
 		if cs.cfg.Retries == 0 {
 			ep.Retry = endpoint.NoRetry()
 		} else {
-			// About 9 s in all: long enough to ride out a PostgreSQL
-			// restart in process. (The bus would requeue a message whose
-			// retries a database outage used up; retrying in process
-			// spares the broker that churn.)
+			// About 9 s in all. (A database outage is not spent on them:
+			// the bus pauses consumption until the database answers.)
 			ep.Retry = endpoint.Exponential(cs.cfg.Retries, 100*time.Millisecond, 2*time.Second)
 		}
 	}
