@@ -126,7 +126,7 @@ type Phase struct {
 // PoisonProfile is `make reliability PROFILE=poison`: good traffic in
 // three phases (baseline, poison, baseline) with 1.5 % of each poison class
 // of workload.PoisonClasses mixed into the middle one, no injected fault,
-// and the endpoints' default retry policy (3 retries). CheckPoison's
+// and the endpoints' default retry policy (3 retries) and concurrency (8). CheckPoison's
 // bounds: every poison message terminal within 30 s, good traffic's p99
 // during poison at most 2x the baselines' mean, 0 reconnects.
 func PoisonProfile() Profile {
@@ -136,6 +136,11 @@ func PoisonProfile() Profile {
 	p.FailFirst, p.KillAfterConfirm = 0, 0
 	p.RollbackRatio, p.RepublishRatio = 0.02, 0.02
 	p.Retries = 3
+	// The endpoints' default ConcurrentMessageLimit (8), as a service that
+	// sets none has it. With 4, at 100/s the five retried classes' backoff
+	// (0.7 s each) alone needed about as much handler time as the
+	// endpoints had, and the backlog, not poison, set the p99.
+	p.Concurrency = 8
 	p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 100)
 	n := envInt("BAREWIRE_RELIABILITY_MESSAGES", 12000)
 	p.Phases = []Phase{{Name: "baseline-1", Messages: n / 4}, {Name: "poison", Messages: n / 2, PoisonRatio: 0.015}, {Name: "baseline-2", Messages: n / 4}}
