@@ -80,8 +80,7 @@ func Example_rabbitMQ() {
 					endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderSubmitted]) error {
 						return nil // send the e-mail
 					})
-					e.PrefetchCount = 16
-					e.ConcurrentMessageLimit = 8
+					e.ConcurrentMessageLimit = 8 // PrefetchCount defaults to it
 				})
 			}),
 			bus.WithOutbox(db, func(o *outbox.Options) { o.InboxLockTimeout = 30 * time.Second }),
