@@ -314,3 +314,29 @@ func TestWaitIdleWaitsForQueuedMessages(t *testing.T) {
 		t.Fatalf("idle after %d orders and %d invoices consumed, want 20 and 20\n%s", orders, invoices, h.Report())
 	}
 }
+
+// TestRedeliveryDelayFollowsTheFakeClock: a delayed redelivery is an
+// outbox row due at the clock's now + delay, so advancing the fake clock
+// past the delay sends it at once: an hour's redelivery in milliseconds.
+func TestRedeliveryDelayFollowsTheFakeClock(t *testing.T) {
+	t.Parallel()
+	h := bustest.New(t, bus.ReceiveEndpoint("slow-retry", func(e *endpoint.Endpoint) {
+		e.Retry = endpoint.NoRetry()
+		e.Redelivery = []time.Duration{time.Hour}
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error { return nil })
+	}))
+	bustest.FailNext[OrderPlaced](h, 1, errors.New("not yet"))
+	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "r-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	bustest.Faulted[OrderPlaced](h, bustest.WithOutcome(bus.OutcomeRedelivery))
+	began := time.Now()
+	h.Advance(time.Hour)
+	ok := bustest.Consumed[OrderPlaced](h)
+	if ok.Headers[bus.HeaderRedeliveryCount] != "1" {
+		t.Fatalf("consumed without the redelivery count: %v", ok.Headers)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Fatalf("the redelivery took %v of real time after the clock passed its delay", d)
+	}
+}
