@@ -91,7 +91,7 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 	}
 	list := eps["endpoints"].([]any)
 	billing := list[0].(map[string]any)
-	if billing["name"] != "adm-billing" || billing["concurrentMessageLimit"] != 2.0 || billing["prefetchCount"] != 16.0 ||
+	if billing["name"] != "adm-billing" || billing["concurrentMessageLimit"] != 2.0 || billing["prefetchCount"] != 2.0 ||
 		billing["inbox"] != "single-transaction" || billing["errorQueue"] != "adm-billing_error" {
 		t.Errorf("billing endpoint = %v", billing)
 	}

@@ -191,7 +191,7 @@ func TestPrefetchFor(t *testing.T) {
 	if got := prefetchFor(ep); got != 1 {
 		t.Errorf("1/1: %d", got)
 	}
-	if got := prefetchFor(nil); got != 2 {
+	if got := prefetchFor(nil); got != 1 { // PrefetchCount defaults to ConcurrentMessageLimit
 		t.Errorf("defaults: %d", got)
 	}
 }
