@@ -42,6 +42,7 @@ type config struct {
 	warmup       time.Duration
 	producers    int
 	consumers    int
+	prefetch     int
 	payload      int
 	rate         float64
 	inflight     int
@@ -80,7 +81,8 @@ func parseFlags() (*config, error) {
 	flag.DurationVar(&c.duration, "duration", 15*time.Second, "measured time per scenario phase (after -warmup)")
 	flag.DurationVar(&c.warmup, "warmup", 2*time.Second, "load before each measured window")
 	flag.IntVar(&c.producers, "producers", 16, "producer goroutines (one transaction each at a time)")
-	flag.IntVar(&c.consumers, "consumers", 8, "concurrent consumers per endpoint (prefetch is twice this)")
+	flag.IntVar(&c.consumers, "consumers", 8, "concurrent consumers per endpoint")
+	flag.IntVar(&c.prefetch, "prefetch", 2, "BareWire pipelines: PrefetchCount per consumer (the bus's default is 1; 2 is what earlier measurements used)")
 	flag.IntVar(&c.payload, "payload", 256, "message body size in bytes")
 	flag.Float64Var(&c.rate, "rate", 0, "fixed offered rate in msg/s for baseline, e2e, watermill-forwarder and soak (0: closed loop at peak)")
 	flag.IntVar(&c.inflight, "inflight", 2000, "closed loop: producers pause while this many messages are committed but not yet consumed")
@@ -145,6 +147,8 @@ func parseFlags() (*config, error) {
 		return nil, fmt.Errorf("-duration must be positive")
 	case c.producers < 1 || c.consumers < 1:
 		return nil, fmt.Errorf("-producers and -consumers must be at least 1")
+	case c.prefetch < 1:
+		return nil, fmt.Errorf("-prefetch must be at least 1 (messages per consumer)")
 	case c.payload < 0:
 		return nil, fmt.Errorf("-payload must not be negative")
 	case c.backlog < 1:

@@ -109,7 +109,7 @@ func (p *barewirePipe) options() []bus.Option {
 		}
 		c.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = consumers
-			e.PrefetchCount = 2 * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
+			e.PrefetchCount = p.cfg.prefetch * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
 			e.Inbox = p.inbox
 			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
 		})

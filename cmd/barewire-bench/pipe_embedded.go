@@ -37,7 +37,7 @@ func (p *embeddedPipe) Start(ctx context.Context) error {
 		bus.WithLogger(benchLogger()),
 		bus.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = p.cfg.consumers
-			e.PrefetchCount = 2 * p.cfg.consumers
+			e.PrefetchCount = p.cfg.prefetch * p.cfg.consumers
 			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
 		}),
 	)
