@@ -6,7 +6,6 @@ package bus_test
 // loop (issue 14).
 
 import (
-	"bytes"
 	"context"
 	"database/sql/driver"
 	"encoding/json"
@@ -396,24 +395,6 @@ func (p *cutProxy) Restore() {
 	p.mu.Unlock()
 }
 
-// lockedBuffer is a log sink several goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.buf.String()), "\n")
-}
-
 // TestDatabaseOutagePausesConsumption: while PostgreSQL is unreachable the
 // endpoints hold their deliveries unacknowledged and probe, instead of
 // requeueing once a second: on a quorum queue with a delivery limit of 5,
@@ -437,7 +418,7 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 	pgDB, proxy := proxied(t, pg)
 	typ := amqpEnv.typ("PaymentReceived")
 	q := amqpEnv.q("outage")
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	var mu sync.Mutex
 	effects := map[string]int{}
 	b := start(t,
@@ -509,7 +490,7 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 		t.Errorf("error queue: %+v %v; want empty", qi, err)
 	}
 	var paused, resumed, perMessage int
-	for _, l := range logs.lines() {
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		switch {
 		case strings.Contains(l, "consumption paused"):
 			paused++
