@@ -17,9 +17,8 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
-	"github.com/barewire-go/barewire/internal/inproc"
-	"github.com/barewire-go/barewire/internal/rabbit"
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -84,7 +83,8 @@ type Bus struct {
 	log       *slog.Logger
 	endpoints []*endpoint.Endpoint
 	tr        transport.Transport
-	mem       *inproc.Transport
+	mem       *inproc.Transport // tr, when it is the in-process transport
+	system    string            // the transport's messaging.system
 
 	db       *gorm.DB
 	ownDB    bool
@@ -148,35 +148,51 @@ func New(opts ...Option) (*Bus, error) {
 		errs = append(errs, optErr("WithSQLite and WithOutbox both choose a database; keep one"))
 	}
 
-	b := &Bus{cfg: c, log: c.logger}
-	b.tel = newTelemetry(c.telemetry, c.transport)
-	b.gate = newDBGate(b, b.log)
-	seen := map[string]bool{}
-	for _, eps := range c.endpoints {
-		errs = append(errs, eps.Errs()...)
-		for _, ep := range eps.List() {
-			if seen[ep.Name()] {
-				errs = append(errs, fmt.Errorf("%w: endpoint %q is declared twice; merge its consumers into one ReceiveEndpoint call", endpoint.ErrInvalidConfig, ep.Name()))
-				continue
-			}
-			seen[ep.Name()] = true
-			b.endpoints = append(b.endpoints, ep)
-		}
+	f := c.factory
+	if f == nil {
+		f = inproc.New(nil)
 	}
-	switch c.transport {
-	case transportRabbitMQ:
-		errs = append(errs, leaseVersusPublishTimeout(&c)...)
-		tr, err := rabbit.New(c.amqpURL, c.rabbit, c.logger)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: WithRabbitMQ: %w", ErrInvalidOption, err))
-		} else {
-			b.tr = tr
+	system := "unknown"
+	if n, ok := f.(transport.Named); ok {
+		system = n.System()
+	}
+	b := &Bus{cfg: c, log: c.logger, system: system}
+	b.tel = newTelemetry(c.telemetry, system)
+	b.gate = newDBGate(b, b.log)
+	eps := f.Endpoints()
+	if eps == nil {
+		eps = &endpoint.Endpoints{}
+	}
+	for _, err := range eps.Errs() {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidOption, err))
+	}
+	seen := map[string]bool{}
+	for _, ep := range eps.List() {
+		if seen[ep.Name()] {
+			errs = append(errs, fmt.Errorf("%w: endpoint %q is declared twice; merge its consumers into one ReceiveEndpoint call", ErrInvalidOption, ep.Name()))
+			continue
 		}
-	case transportPostgres:
-		errs = append(errs, b.usePostgres(&c)...)
-	default:
-		b.mem = inproc.New()
-		b.tr = b.mem
+		seen[ep.Name()] = true
+		b.endpoints = append(b.endpoints, ep)
+	}
+	tr, err := f.Build(transport.Env{
+		Logger:     c.logger,
+		RelayLease: c.outboxOpts.RelayLease,
+		// Messages a transport wrote in the caller's transaction count
+		// as published once it sees that transaction commit.
+		OnCommitted: func(msgs []*outbox.Message) { b.tel.countCommitted(msgs) },
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%w: %s transport: %w", ErrInvalidOption, system, err))
+	} else {
+		b.tr = tr
+		b.mem, _ = tr.(*inproc.Transport)
+	}
+	if d, ok := f.(interface{ Database() *gorm.DB }); ok && c.db == nil && c.sqlitePath == "" {
+		// The PostgreSQL transport: keep the inbox and outbox in its
+		// database, so that a message published in a transaction on it
+		// is written straight to its queues in that transaction.
+		c.db = d.Database()
 	}
 
 	if c.db != nil {
@@ -196,30 +212,6 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	return b, nil
 }
-
-// leaseVersusPublishTimeout keeps the relay's lease at least twice the
-// publish timeout: the relay may wait PublishTimeout for a batch's confirms
-// before settling it, and a lease that expires first lets another relay
-// claim and send the batch a second time. An unset PublishTimeout defaults
-// to 30s or half the lease, whichever is shorter.
-func leaseVersusPublishTimeout(c *config) []error {
-	lease, pt := c.outboxOpts.RelayLease, c.rabbit.PublishTimeout
-	if lease <= 0 || pt < 0 {
-		return nil // reported by the options' own validation
-	}
-	if pt == 0 {
-		c.rabbit.PublishTimeout = min(defaultPublishTimeout, lease/2)
-		return nil
-	}
-	if lease < 2*pt {
-		return []error{optErr("outbox RelayLease %v must be at least twice the RabbitMQ PublishTimeout %v (a relay waits up to PublishTimeout for confirms; a lease that expires first lets another relay send the batch again); raise RelayLease to %v or lower PublishTimeout to %v",
-			lease, pt, 2*pt, lease/2)}
-	}
-	return nil
-}
-
-// defaultPublishTimeout is endpoint.RabbitMQ's PublishTimeout default.
-const defaultPublishTimeout = 30 * time.Second
 
 // storeOptions are the gormstore options of the bus's store.
 func (b *Bus) storeOptions() []gormstore.Option {
@@ -358,19 +350,13 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	})
 	b.startTelemetry()
 	b.state = 1
-	b.log.InfoContext(ctx, "bus started", "endpoints", len(b.endpoints), "instance_id", b.cfg.instanceID, "transport", b.transportName())
+	b.log.InfoContext(ctx, "bus started", "endpoints", len(b.endpoints), "instance_id", b.cfg.instanceID, "transport", b.system)
 	return nil
 }
 
-func (b *Bus) transportName() string {
-	switch b.cfg.transport {
-	case transportRabbitMQ:
-		return "rabbitmq"
-	case transportPostgres:
-		return "postgresql"
-	}
-	return "in-process"
-}
+// Transport returns the bus's transport (the value its factory built), for
+// inspection and transport-specific calls.
+func (b *Bus) Transport() transport.Transport { return b.tr }
 
 // Stop stops consuming, waits for in-flight messages (up to ctx's deadline
 // and the stop timeout), gives the relay a last pass over committed outbox

@@ -19,7 +19,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -309,7 +309,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		// A transport whose queue is in this database acknowledges in
 		// this transaction: the ack commits with the effects.
-		if ta, ok := b.tr.(txAcker); ok {
+		if ta, ok := b.tr.(transport.TxAcker); ok {
 			acked, err := ta.AckTx(txCtx, msg)
 			if err != nil {
 				return &inbox.StoreError{Op: "ack in transaction", Err: err}
@@ -338,7 +338,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	}
 	if err == nil && state.ran.Load() {
 		if state.ackedInTx.Load() {
-			b.tr.(txAcker).AckedInTx(msg)
+			b.tr.(transport.TxAcker).AckedInTx(msg)
 		}
 		b.ctr.consumed.Add(1)
 		b.tel.note(ctx, evConsumed)

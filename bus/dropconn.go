@@ -1,14 +1,10 @@
 package bus
 
 import (
-	"errors"
+	"fmt"
 
-	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/transport"
 )
-
-// ErrDropUnsupported is returned by DropConnection on a transport that
-// cannot drop its connection on demand (the PostgreSQL transport).
-var ErrDropUnsupported = errors.New("bus: DropConnection is supported on the in-process transport and RabbitMQ only")
 
 // DropConnection is fault injection for tests (bustest's
 // Harness.DropConnection): the transport loses its connection as in a
@@ -18,16 +14,12 @@ var ErrDropUnsupported = errors.New("bus: DropConnection is supported on the in-
 // the consumer that had it may still be running (its late ack is ignored);
 // the inbox makes the second delivery wait for the first and skip it as a
 // duplicate. On RabbitMQ the connection is closed: the bus reconnects and
-// the broker redelivers what was not acknowledged. It returns
-// ErrDropUnsupported on the PostgreSQL transport and an error when the bus
-// is not connected.
+// the broker redelivers what was not acknowledged. On a transport that
+// cannot (the PostgreSQL transport) it returns an error wrapping
+// transport.ErrDropUnsupported.
 func (b *Bus) DropConnection() error {
-	if b.mem != nil {
-		b.mem.DropConnection()
-		return nil
+	if d, ok := b.tr.(transport.ConnDropper); ok {
+		return d.DropConnection()
 	}
-	if tr, ok := b.tr.(*rabbit.Transport); ok {
-		return tr.DropConnection()
-	}
-	return ErrDropUnsupported
+	return fmt.Errorf("bus: %s transport: %w", b.system, transport.ErrDropUnsupported)
 }

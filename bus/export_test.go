@@ -3,7 +3,7 @@ package bus
 import (
 	"context"
 
-	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/outbox"
 )
 

@@ -16,7 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/internal/wire"
 )
 

@@ -109,7 +109,7 @@ func (b *Bus) CheckHealth(ctx context.Context) HealthReport {
 		return r
 	}
 	add(HealthCheckBus, nil, nil)
-	add(HealthCheckTransport, b.tr.Health(ctx), map[string]any{"transport": b.transportName()})
+	add(HealthCheckTransport, b.tr.Health(ctx), map[string]any{"transport": b.system})
 	var dbErr error
 	if sqlDB, err := b.db.DB(); err != nil {
 		dbErr = err

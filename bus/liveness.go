@@ -17,10 +17,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/pgerr"
 )
 
 // ErrTransactionAborted is the fault of a consumer that returned nil but
@@ -80,8 +79,7 @@ func (b *Bus) classify(ctx context.Context, err error) (outcome, error) {
 // because the transaction was already aborted by an earlier failed
 // statement (the consumer's).
 func abortedTx(err error) bool {
-	var pe *pgconn.PgError
-	return errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &pe) && pe.Code == "25P02")
+	return pgerr.IsCommitRollback(err) || pgerr.SQLState(err) == "25P02"
 }
 
 // connectionClass reports whether err, returned by one of the framework's
@@ -92,15 +90,13 @@ func connectionClass(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
 		return true
 	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
+	if code := pgerr.SQLState(err); code != "" {
 		// Class 08: connection exception; 57P01-03: the server is shutting
 		// down, crashed, or not accepting connections yet.
-		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
 	}
-	var ce *pgconn.ConnectError
 	var ne net.Error
-	return errors.As(err, &ce) || errors.As(err, &ne)
+	return pgerr.IsConnectError(err) || errors.As(err, &ne)
 }
 
 // probeTimeout bounds one database probe: a database that does not answer

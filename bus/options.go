@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // ErrInvalidOption is wrapped by every error an option reports.
@@ -19,19 +21,8 @@ var ErrInvalidOption = errors.New("bus: invalid option")
 // problem found, joined.
 type Option func(*config) error
 
-type transportKind int
-
-const (
-	transportInMemory transportKind = iota
-	transportRabbitMQ
-	transportPostgres
-)
-
 type config struct {
-	transport      transportKind
-	amqpURL        string
-	rabbit         *endpoint.RabbitMQ
-	endpoints      []*endpoint.Endpoints
+	factory        transport.Factory // nil: the embedded in-process transport
 	db             *gorm.DB
 	sqlitePath     string
 	outboxOpts     outbox.Options
@@ -50,71 +41,55 @@ func optErr(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
 }
 
-// WithRabbitMQ selects RabbitMQ as the transport. url is an amqp:// or
-// amqps:// URI with credentials and vhost; configure declares receive
-// endpoints and topology and sets connection options.
-func WithRabbitMQ(url string, configure func(r *endpoint.RabbitMQ)) Option {
+// WithTransport chooses the transport and declares its receive endpoints:
+// pass the value of a transport package's New, whose configuration block
+// declares the endpoints with ReceiveEndpoint:
+//
+//	bus.WithTransport(rabbitmq.New(url, func(c *rabbitmq.Config) {
+//		c.ReceiveEndpoint("orders", func(e *endpoint.Endpoint) { ... })
+//	}))
+//
+// This is the one way to declare receive endpoints. Without it the bus
+// runs on the embedded in-process transport with no endpoints; to consume
+// on it, pass inproc.New with its block. Give it once.
+func WithTransport(f transport.Factory) Option {
 	return func(c *config) error {
-		if url == "" {
-			return optErr("WithRabbitMQ: empty URL; pass amqp://user:password@host:5672/vhost")
+		if f == nil || (reflect.ValueOf(f).Kind() == reflect.Pointer && reflect.ValueOf(f).IsNil()) {
+			return optErr("WithTransport: transport is nil; pass rabbitmq.New, pgtransport.New or inproc.New")
 		}
-		if c.transport != transportInMemory {
-			return optErr("WithRabbitMQ: a transport is already chosen; give one of WithRabbitMQ and WithPostgresTransport, once")
+		if c.factory != nil {
+			return optErr("WithTransport given twice; a bus has one transport")
 		}
-		r := &endpoint.RabbitMQ{}
-		if configure != nil {
-			configure(r)
-		}
-		c.transport = transportRabbitMQ
-		c.amqpURL = url
-		c.rabbit = r
-		c.endpoints = append(c.endpoints, &r.Endpoints)
-		return nil // connection settings are validated by the transport in New
-	}
-}
-
-// WithEndpoints declares receive endpoints on whichever transport the bus
-// uses (the embedded default when no transport option is given).
-func WithEndpoints(declare func(e *endpoint.Endpoints)) Option {
-	return func(c *config) error {
-		if declare == nil {
-			return optErr("WithEndpoints: declare function is nil")
-		}
-		eps := &endpoint.Endpoints{}
-		declare(eps)
-		c.endpoints = append(c.endpoints, eps)
+		c.factory = f
 		return nil
 	}
 }
 
-// ReceiveEndpoint declares one receive endpoint on whichever transport the
-// bus uses. It is shorthand for WithEndpoints.
-func ReceiveEndpoint(name string, configure func(e *endpoint.Endpoint)) Option {
-	return WithEndpoints(func(e *endpoint.Endpoints) { e.ReceiveEndpoint(name, configure) })
-}
-
-// WithOutbox stores the outbox and inbox tables in db (PostgreSQL or SQLite
-// through GORM) and applies configure to their options. Without it the bus
-// uses an embedded SQLite database (in memory, or WithSQLite's file).
-func WithOutbox(db *gorm.DB, configure func(o *outbox.Options)) Option {
+// WithDatabase keeps the outbox and inbox tables in db (PostgreSQL or SQLite
+// through GORM), so that consumers' writes and what they publish commit in
+// one transaction with those tables. Without it the bus uses the database
+// of its transport when it has one (pgtransport), else an embedded SQLite
+// database (in memory, or WithSQLite's file).
+func WithDatabase(db *gorm.DB) Option {
 	return func(c *config) error {
 		if db == nil {
-			return optErr("WithOutbox: db is nil; pass a *gorm.DB opened with gorm.io/driver/postgres or github.com/glebarez/sqlite")
+			return optErr("WithDatabase: db is nil; pass a *gorm.DB opened with gorm.io/driver/postgres or github.com/glebarez/sqlite")
+		}
+		if c.db != nil {
+			return optErr("WithDatabase given twice")
 		}
 		c.db = db
-		if configure != nil {
-			configure(&c.outboxOpts)
-		}
 		return nil
 	}
 }
 
-// WithOutboxOptions changes the outbox and inbox options without choosing a
-// database (useful with the embedded default).
-func WithOutboxOptions(configure func(o *outbox.Options)) Option {
+// WithOutbox changes the outbox and inbox options (polling, batch sizes,
+// retention, lock timeout, table prefix, ...) on whichever database the bus
+// uses. It may be given more than once; each configure runs in turn.
+func WithOutbox(configure func(o *outbox.Options)) Option {
 	return func(c *config) error {
 		if configure == nil {
-			return optErr("WithOutboxOptions: configure is nil")
+			return optErr("WithOutbox: configure is nil")
 		}
 		configure(&c.outboxOpts)
 		return nil

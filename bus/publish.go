@@ -11,7 +11,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )

@@ -150,7 +150,7 @@ type telemetry struct {
 	inflight   map[inbox.Key]*observation
 }
 
-func newTelemetry(c telemetryConfig, kind transportKind) *telemetry {
+func newTelemetry(c telemetryConfig, system string) *telemetry {
 	if c.tracerProvider == nil {
 		c.tracerProvider = otel.GetTracerProvider()
 	}
@@ -159,13 +159,6 @@ func newTelemetry(c telemetryConfig, kind transportKind) *telemetry {
 	}
 	if c.propagator == nil {
 		c.propagator = otel.GetTextMapPropagator()
-	}
-	system := "inproc"
-	switch kind {
-	case transportRabbitMQ:
-		system = "rabbitmq"
-	case transportPostgres:
-		system = "postgresql"
 	}
 	t := &telemetry{
 		tracer:    c.tracerProvider.Tracer(instrumentationName),

@@ -1,7 +1,6 @@
 package endpoint
 
 import (
-	"crypto/tls"
 	"fmt"
 	"maps"
 	"regexp"
@@ -269,85 +268,6 @@ func (c *Endpoints) List() []*Endpoint { return c.list }
 
 // Errs returns the configuration errors collected so far.
 func (c *Endpoints) Errs() []error { return c.errs }
-
-// InMemory configures the embedded in-process transport.
-type InMemory struct {
-	Endpoints
-}
-
-// RabbitMQ configures the RabbitMQ transport: connection settings, receive
-// endpoints and extra topology.
-type RabbitMQ struct {
-	Endpoints
-	// Topology declares extra exchanges, queues and bindings.
-	Topology Topology
-
-	// TLS, when set, is used for amqps:// connections (client certificates
-	// go in TLS.Certificates).
-	TLS *tls.Config
-	// ConnectTimeout bounds how long Start retries a broker that is down.
-	// Defaults to 30s.
-	ConnectTimeout time.Duration
-	// ReconnectMaxInterval caps the backoff between reconnect attempts.
-	// Defaults to 10s.
-	ReconnectMaxInterval time.Duration
-	// MaxPendingPublishes caps publishes awaiting a broker confirm; further
-	// publishes wait. Defaults to 1000.
-	MaxPendingPublishes int
-	// PublishTimeout bounds the wait for a publish confirm. The outbox's
-	// RelayLease must be at least twice it. Defaults to 30s, or half of
-	// RelayLease when that is shorter.
-	PublishTimeout time.Duration
-	// Mandatory makes publishes that no queue receives fail with an error
-	// instead of vanishing. Defaults to false for Publish (a message type
-	// nobody consumes yet is not an error) and always on for Send.
-	Mandatory bool
-}
-
-// Validate checks the connection settings. Endpoint errors are in Errs.
-func (r *RabbitMQ) Validate() []error {
-	var errs []error
-	if r.ConnectTimeout < 0 {
-		errs = append(errs, configErr("rabbitmq: ConnectTimeout %v is negative", r.ConnectTimeout))
-	}
-	if r.ReconnectMaxInterval < 0 {
-		errs = append(errs, configErr("rabbitmq: ReconnectMaxInterval %v is negative", r.ReconnectMaxInterval))
-	}
-	if r.MaxPendingPublishes < 0 {
-		errs = append(errs, configErr("rabbitmq: MaxPendingPublishes %d is negative", r.MaxPendingPublishes))
-	}
-	if r.PublishTimeout < 0 {
-		errs = append(errs, configErr("rabbitmq: PublishTimeout %v is negative", r.PublishTimeout))
-	}
-	for _, x := range r.Topology.Exchanges {
-		switch x.Kind {
-		case "", DirectExchange, FanoutExchange, TopicExchange, HeadersExchange:
-		default:
-			errs = append(errs, configErr("rabbitmq: exchange %q: unknown kind %q", x.Name, x.Kind))
-		}
-		if x.Name == "" {
-			errs = append(errs, configErr("rabbitmq: an exchange has no name"))
-		}
-	}
-	for _, b := range r.Topology.Bindings {
-		if (b.Queue == "") == (b.ToExchange == "") {
-			errs = append(errs, configErr("rabbitmq: binding from %q: set exactly one of Queue and ToExchange", b.Exchange))
-		}
-	}
-	if r.ConnectTimeout == 0 {
-		r.ConnectTimeout = 30 * time.Second
-	}
-	if r.ReconnectMaxInterval == 0 {
-		r.ReconnectMaxInterval = 10 * time.Second
-	}
-	if r.MaxPendingPublishes == 0 {
-		r.MaxPendingPublishes = 1000
-	}
-	if r.PublishTimeout == 0 {
-		r.PublishTimeout = 30 * time.Second
-	}
-	return errs
-}
 
 // String helps error messages.
 func (e *Endpoint) String() string { return fmt.Sprintf("endpoint %q", e.name) }

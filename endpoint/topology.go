@@ -2,17 +2,6 @@ package endpoint
 
 import "time"
 
-// ExchangeKind is a RabbitMQ exchange type.
-type ExchangeKind string
-
-// Exchange kinds.
-const (
-	DirectExchange  ExchangeKind = "direct"
-	FanoutExchange  ExchangeKind = "fanout"
-	TopicExchange   ExchangeKind = "topic"
-	HeadersExchange ExchangeKind = "headers"
-)
-
 // QueueType is a RabbitMQ queue type.
 type QueueType string
 
@@ -23,16 +12,10 @@ const (
 	Stream  QueueType = "stream"
 )
 
-// Exchange declares an exchange. Exchanges are durable unless Transient.
-type Exchange struct {
-	Name       string
-	Kind       ExchangeKind // Defaults to FanoutExchange.
-	Transient  bool         // not durable: lost on broker restart
-	AutoDelete bool
-	Args       map[string]any
-}
-
-// Queue declares a queue. Queues are durable unless Transient.
+// Queue declares a queue on a broker that has queue settings (RabbitMQ).
+// Queues are durable unless Transient. On an endpoint (Endpoint.Queue) it
+// describes the endpoint's own queue; transports without these settings
+// (in-process, PostgreSQL) refuse an endpoint that sets any of them.
 type Queue struct {
 	Name       string
 	Type       QueueType // Defaults to Classic.
@@ -50,7 +33,16 @@ type Queue struct {
 	Args     map[string]any
 }
 
-// Binding routes messages from an exchange to a queue or to another exchange.
+// IsZero reports whether q sets nothing beyond its name.
+func (q Queue) IsZero() bool {
+	return q.Type == "" && !q.Transient && !q.AutoDelete && q.DeadLetterExchange == "" &&
+		q.DeadLetterRoutingKey == "" && q.MessageTTL == 0 && q.MaxLength == 0 &&
+		q.MaxLengthBytes == 0 && q.Overflow == "" && len(q.Args) == 0
+}
+
+// Binding routes messages from an exchange to a queue or to another
+// exchange. Every transport routes a binding to a queue; bindings between
+// exchanges, routing keys and arguments mean something on RabbitMQ only.
 type Binding struct {
 	Exchange string // source exchange
 	// Queue or ToExchange names the destination (exactly one of them).
@@ -59,21 +51,3 @@ type Binding struct {
 	RoutingKey string
 	Args       map[string]any
 }
-
-// Topology is a set of broker objects declared at start and after every
-// reconnect. Declaring an object that exists with the same arguments is a
-// no-op; different arguments are refused by the broker with a clear error.
-type Topology struct {
-	Exchanges []Exchange
-	Queues    []Queue
-	Bindings  []Binding
-}
-
-// DeclareExchange adds an exchange declaration.
-func (t *Topology) DeclareExchange(x Exchange) { t.Exchanges = append(t.Exchanges, x) }
-
-// DeclareQueue adds a queue declaration.
-func (t *Topology) DeclareQueue(q Queue) { t.Queues = append(t.Queues, q) }
-
-// Bind adds a binding.
-func (t *Topology) Bind(b Binding) { t.Bindings = append(t.Bindings, b) }

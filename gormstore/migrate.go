@@ -2,15 +2,15 @@ package gormstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/internal/pgerr"
 )
 
 // Migrate creates the tables and indexes, or brings them up to date. It is
@@ -110,11 +110,7 @@ func (s *Store) migrateOnce(ctx context.Context, stmts, objects []string, provab
 // retryableMigrateError reports whether PostgreSQL aborted the migration for
 // a reason that a second attempt may not meet.
 func retryableMigrateError(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return false
-	}
-	switch pe.Code {
+	switch pgerr.SQLState(err) {
 	case "40P01", // deadlock_detected
 		"40001", // serialization_failure
 		"55P03": // lock_not_available (lock_timeout)

@@ -7,11 +7,9 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/glebarez/sqlite"
 	"github.com/google/uuid"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
@@ -109,29 +107,6 @@ func Close(db *gorm.DB) error {
 		err = errors.Join(err, a.(*sql.DB).Close())
 	}
 	return err
-}
-
-// OpenPostgres opens a PostgreSQL database (gorm.io/driver/postgres, pgx)
-// from a DSN such as "host=127.0.0.1 user=app dbname=app sslmode=disable"
-// or a postgres:// URL, with GORM's logger silent and a bounded pool.
-// Outbox.Listen holds one pool connection for as long as it runs.
-func OpenPostgres(dsn string) (*gorm.DB, error) {
-	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
-	if err != nil {
-		closeQuietly(db)
-		return nil, fmt.Errorf("gormstore: open postgres: %w", err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, fmt.Errorf("gormstore: open postgres: %w", err)
-	}
-	sqlDB.SetMaxOpenConns(20)
-	sqlDB.SetMaxIdleConns(10)
-	// Recycling connections now and then lets the pool follow failovers and
-	// server-side settings changes.
-	sqlDB.SetConnMaxLifetime(30 * time.Minute)
-	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
-	return db, nil
 }
 
 // closeQuietly closes the pool of a database whose opening failed after the

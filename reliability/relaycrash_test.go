@@ -18,7 +18,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 )

@@ -10,8 +10,8 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/pgtransport"
-	"github.com/barewire-go/barewire/internal/rabbit"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/outbox"
 )
 

@@ -23,7 +23,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/pgtransport"
+	"github.com/barewire-go/barewire/transport/pgtransport"
 )
 
 // Business table suffixes, appended to the table prefix.

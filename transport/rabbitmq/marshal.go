@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"encoding/base64"
@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // propertyHeaders are the headers carried by AMQP properties instead of the

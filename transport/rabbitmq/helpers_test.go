@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport"
 )
 
 const urlEnv = "BAREWIRE_TEST_AMQP_URL"
@@ -82,10 +83,10 @@ func newEndpoint(t testing.TB, name string, types []string, configure func(e *en
 }
 
 // startTransport creates and starts a transport; it is closed at cleanup.
-func startTransport(t testing.TB, cfg *endpoint.RabbitMQ, eps ...*endpoint.Endpoint) *Transport {
+func startTransport(t testing.TB, cfg *Config, eps ...*endpoint.Endpoint) *Transport {
 	t.Helper()
 	if cfg == nil {
-		cfg = &endpoint.RabbitMQ{}
+		cfg = &Config{}
 	}
 	if cfg.ReconnectMaxInterval == 0 {
 		cfg.ReconnectMaxInterval = time.Second
@@ -93,7 +94,7 @@ func startTransport(t testing.TB, cfg *endpoint.RabbitMQ, eps ...*endpoint.Endpo
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second
 	}
-	tr, err := New(brokerURL(t), cfg, testLogger(t))
+	tr, err := open(brokerURL(t), cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,4 +274,18 @@ func (s *idSet) len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.ids)
+}
+
+// open builds a transport the way bus.New does, from a copy of cfg (nil:
+// all defaults).
+func open(rawURL string, cfg *Config, logger *slog.Logger) (*Transport, error) {
+	t := New(rawURL, func(c *Config) {
+		if cfg != nil {
+			*c = *cfg
+		}
+	})
+	if _, err := t.Build(transport.Env{Logger: logger}); err != nil {
+		return nil, err
+	}
+	return t, nil
 }

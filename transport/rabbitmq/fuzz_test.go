@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"encoding/binary"
@@ -11,8 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // fuzzValue builds an AMQP field value of every type the client decodes

@@ -23,10 +23,10 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/internal/xactwatch"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 var _ transport.Transport = (*Transport)(nil)
@@ -39,7 +39,7 @@ var (
 	// ErrNotSameDatabase is returned by DeliverTx when the transaction in
 	// the context is not on the transport's database; the caller then
 	// writes to its outbox instead.
-	ErrNotSameDatabase = errors.New("pgtransport: the transaction is not on the transport's database")
+	ErrNotSameDatabase = fmt.Errorf("pgtransport: the transaction is not on the transport's database: %w", transport.ErrTxUnsupported)
 	errClosed          = errors.New("pgtransport: transport closed")
 )
 
@@ -51,8 +51,12 @@ const (
 	DefaultLongTransactionWarning = time.Minute
 )
 
-// Config configures the transport. Zero fields take the defaults.
+// Config configures the PostgreSQL transport: the receive endpoints
+// (declared through the embedded Endpoints, as on every transport) and the
+// transport's own settings. Zero fields take the defaults written on each.
 type Config struct {
+	endpoint.Endpoints
+
 	// TablePrefix prefixes the transport's tables (queue_messages,
 	// queues, bindings). Defaults to "barewire_".
 	TablePrefix string
@@ -79,12 +83,6 @@ type Config struct {
 	// DisableAutoMigrate stops Start from creating the tables; apply
 	// MigrationSQL with your own tool.
 	DisableAutoMigrate bool
-	// OnCommitted, when set, is called with the messages DeliverTx wrote
-	// once their transaction is seen to have committed (usually within
-	// milliseconds; never for a rolled-back one, and not at all for a
-	// transaction still open after a minute or past 4096 watched ones).
-	// It runs on the commit watcher's goroutine and must not block.
-	OnCommitted func(msgs []*outbox.Message)
 }
 
 func (c *Config) defaults() {
@@ -136,8 +134,16 @@ func (c Config) Validate() []error {
 // Transport is the PostgreSQL transport. It is safe for concurrent use.
 type Transport struct {
 	sqlDB  *sql.DB
+	db     *gorm.DB
 	cfg    Config
 	log    *slog.Logger
+	built  bool
+	// onCommitted (transport.Env.OnCommitted) is called with the messages
+	// DeliverTx wrote once their transaction is seen to have committed
+	// (usually within milliseconds; never for a rolled-back one, and not
+	// at all for a transaction still open after a minute or past 4096
+	// watched ones). It runs on the commit watcher's goroutine.
+	onCommitted func(msgs []*outbox.Message)
 	n      names
 	schema schemaAdapter
 	pub    *wsql.Publisher
@@ -165,16 +171,50 @@ type Transport struct {
 	inflight sync.Map // *message.Message → *claimed
 }
 
-// New returns a transport on db, which must be a PostgreSQL database opened
-// with gorm.io/driver/postgres (the pgx driver). It does no I/O.
-func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
+// New returns the PostgreSQL transport on db, to hand to
+// bus.WithTransport. db must be a PostgreSQL database opened with
+// gorm.io/driver/postgres (the pgx driver). configure declares the receive
+// endpoints and sets the transport's options; it runs once, now. New does
+// no I/O and reports nothing: the bus's New reports every mistake when it
+// builds the transport. Unless bus.WithOutbox chooses another database, the
+// bus keeps its inbox and outbox in db too (see Database). A Transport
+// serves one bus.
+func New(db *gorm.DB, configure func(c *Config)) *Transport {
+	t := &Transport{db: db}
+	if configure != nil {
+		configure(&t.cfg)
+	}
+	return t
+}
+
+// Endpoints returns the receive endpoints declared in New's block.
+func (t *Transport) Endpoints() *endpoint.Endpoints { return &t.cfg.Endpoints }
+
+// Database returns the database the transport's tables are in; the bus
+// keeps its inbox and outbox there too unless told otherwise, so that a
+// message published inside a transaction on it is written straight to its
+// queues in that transaction.
+func (t *Transport) Database() *gorm.DB { return t.db }
+
+// System names the transport for telemetry: "postgresql".
+func (t *Transport) System() string { return "postgresql" }
+
+// Build validates the configuration and readies the transport; it does no
+// I/O. It may be called once.
+func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
+	if t.built {
+		return nil, errors.New("pgtransport: this transport was already built for a bus; call New for each bus")
+	}
+	db, cfg := t.db, t.cfg
 	if db == nil || db.Config == nil || db.Dialector == nil {
 		return nil, errors.New("pgtransport: db is nil; pass a *gorm.DB opened with gorm.io/driver/postgres")
 	}
 	if name := db.Dialector.Name(); name != "postgres" {
 		return nil, fmt.Errorf("pgtransport: db is %q; the PostgreSQL transport needs a PostgreSQL database", name)
 	}
-	if errs := cfg.Validate(); len(errs) > 0 {
+	errs := cfg.Validate()
+	errs = append(errs, transport.CheckPlainEndpoints("pgtransport", cfg.List())...)
+	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	cfg.defaults()
@@ -182,6 +222,7 @@ func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtransport: %w", err)
 	}
+	log := env.Logger
 	if log == nil {
 		log = slog.Default()
 	}
@@ -191,12 +232,12 @@ func New(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtransport: %w", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t := &Transport{
-		sqlDB: sqlDB, cfg: cfg, log: log.With("transport", "postgres"), n: n, schema: schema, pub: pub,
-		ctx: ctx, cancel: cancel, signals: map[string]*signal{}, known: map[string]bool{}, local: map[string][]string{},
-		pending: map[string]bool{}, kick: make(chan struct{}, 1),
-	}
+	t.built = true
+	t.sqlDB, t.cfg, t.log, t.n, t.schema, t.pub = sqlDB, cfg, log.With("transport", "postgres"), n, schema, pub
+	t.onCommitted = env.OnCommitted
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.signals, t.known, t.local = map[string]*signal{}, map[string]bool{}, map[string][]string{}
+	t.pending, t.kick = map[string]bool{}, make(chan struct{}, 1)
 	t.watch = xactwatch.New(xactwatch.DefaultConfig, t.watchQuery, t.committed)
 	return t, nil
 }
@@ -216,6 +257,9 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 	defer t.mu.Unlock()
 	if t.closed {
 		return errClosed
+	}
+	if !t.built {
+		return errors.New("pgtransport: transport not built; hand it to bus.WithTransport, or call Build first")
 	}
 	if t.started {
 		return errors.New("pgtransport: already started")
@@ -470,7 +514,7 @@ func (t *Transport) DeliverTx(ctx context.Context, msgs []*outbox.Message) error
 // committed is the commit watcher's callback: the messages that
 // DeliverTx wrote in transactions that have now committed. Their
 // destinations are notified (and local consumers woken) by notifyLoop,
-// and OnCommitted hears of them.
+// and onCommitted hears of them.
 func (t *Transport) committed(tags []any) {
 	msgs := make([]*outbox.Message, 0, len(tags))
 	for _, tag := range tags {
@@ -493,8 +537,8 @@ func (t *Transport) committed(tags []any) {
 		}
 		t.sendNotify(t.ctx, slices.Collect(maps.Keys(dests)))
 	}
-	if t.cfg.OnCommitted != nil && len(msgs) > 0 {
-		t.cfg.OnCommitted(msgs)
+	if t.onCommitted != nil && len(msgs) > 0 {
+		t.onCommitted(msgs)
 	}
 }
 
@@ -719,7 +763,11 @@ func (t *Transport) Health(ctx context.Context) error {
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	t.closed = true
+	built := t.built
 	t.mu.Unlock()
+	if !built {
+		return nil
+	}
 	t.cancel()
 	t.watch.Close()
 	t.wg.Wait()

@@ -12,7 +12,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // settleTimeout bounds the short statements that settle or extend a claim.

@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -181,10 +181,10 @@ func TestTLSConfig(t *testing.T) {
 	pl.cleanupQueues(queue, queue+"_error")
 	ep := newEndpoint(t, queue, nil, nil)
 
-	dial := func(cfg *endpoint.RabbitMQ) (*Transport, error) {
+	dial := func(cfg *Config) (*Transport, error) {
 		cfg.ConnectTimeout = 2 * time.Second
 		cfg.ReconnectMaxInterval = time.Second
-		tr, err := New(rawURL, cfg, testLogger(t))
+		tr, err := open(rawURL, cfg, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +198,7 @@ func TestTLSConfig(t *testing.T) {
 	}
 
 	t.Run("roots and client certificate", func(t *testing.T) {
-		tr, err := dial(&endpoint.RabbitMQ{TLS: &tls.Config{RootCAs: pki.roots, Certificates: []tls.Certificate{pki.client}, MinVersion: tls.VersionTLS12}})
+		tr, err := dial(&Config{TLS: &tls.Config{RootCAs: pki.roots, Certificates: []tls.Certificate{pki.client}, MinVersion: tls.VersionTLS12}})
 		if err != nil {
 			t.Fatalf("start over TLS: %v", err)
 		}
@@ -233,7 +233,7 @@ func TestTLSConfig(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			accepted := proxy.accepted.Load()
-			_, err := dial(&endpoint.RabbitMQ{TLS: c.cfg})
+			_, err := dial(&Config{TLS: c.cfg})
 			if n := proxy.accepted.Load(); n != accepted {
 				t.Errorf("the proxy completed %d handshakes; want none", n-accepted)
 			}

@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 var _ transport.Transport = (*Transport)(nil)
@@ -24,6 +24,7 @@ var ErrNoQueue = errors.New("inproc: no such queue")
 
 // Transport is the in-process transport.
 type Transport struct {
+	cfg      Config
 	mu       sync.Mutex
 	queues   map[string]*queue
 	bindings map[string][]string // exchange → queues
@@ -35,13 +36,42 @@ type Transport struct {
 	onSettle   atomic.Pointer[func()]
 }
 
-// New returns an empty transport.
-func New() *Transport {
-	return &Transport{
+// Config configures the in-process transport: its receive endpoints,
+// declared through the embedded Endpoints as on every transport. It has no
+// settings of its own.
+type Config struct {
+	endpoint.Endpoints
+}
+
+// New returns an in-process transport, to hand to bus.WithTransport (a bus
+// with no transport option uses one with no endpoints). configure declares
+// the receive endpoints; it may be nil.
+func New(configure func(c *Config)) *Transport {
+	t := &Transport{
 		queues: map[string]*queue{}, bindings: map[string][]string{},
 		done:       make(chan struct{}),
 		subscribed: map[*queue]struct{}{},
 	}
+	if configure != nil {
+		configure(&t.cfg)
+	}
+	return t
+}
+
+// Endpoints returns the receive endpoints declared in New's block.
+func (t *Transport) Endpoints() *endpoint.Endpoints { return &t.cfg.Endpoints }
+
+// System names the transport for telemetry: "inproc".
+func (t *Transport) System() string { return "inproc" }
+
+// Build checks that the endpoints set nothing this transport cannot honour
+// (broker queue settings, bindings between exchanges, routing keys) and
+// returns t.
+func (t *Transport) Build(transport.Env) (transport.Transport, error) {
+	if errs := transport.CheckPlainEndpoints("inproc", t.cfg.List()); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return t, nil
 }
 
 type item struct {
@@ -370,7 +400,13 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 // once, to be delivered again (flagged redelivered), while the consumer
 // that had it may still be running; its late ack or nack is ignored. It
 // returns how many deliveries it took back.
-func (t *Transport) DropConnection() int {
+func (t *Transport) DropConnection() error {
+	t.Drop()
+	return nil
+}
+
+// Drop is DropConnection, reporting how many deliveries it took back.
+func (t *Transport) Drop() int {
 	t.mu.Lock()
 	queues := make([]*queue, 0, len(t.queues))
 	for _, q := range t.queues {

@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 func TestRoundTripProperties(t *testing.T) {
@@ -139,7 +139,7 @@ func TestNonStringHeaders(t *testing.T) {
 	// a real x-death header.
 	src := uniq("headers.src")
 	pl.cleanupQueues(src)
-	cfg := &endpoint.RabbitMQ{}
+	cfg := &Config{}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: src, DeadLetterExchange: "", DeadLetterRoutingKey: queue,
 		Args: map[string]any{"x-dead-letter-exchange": ""}})
 	tr := startTransport(t, cfg, newEndpoint(t, queue, nil, nil))
@@ -359,7 +359,7 @@ func TestDeliverPipelinedVersusSequential(t *testing.T) {
 	pl := newPlain(t)
 	queue := uniq("rate")
 	pl.cleanupQueues(queue)
-	cfg := &endpoint.RabbitMQ{}
+	cfg := &Config{}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue})
 	tr := startTransport(t, cfg)
 
@@ -419,7 +419,7 @@ func TestDeliverBackPressure(t *testing.T) {
 	pl := newPlain(t)
 	queue := uniq("backpressure")
 	pl.cleanupQueues(queue)
-	cfg := &endpoint.RabbitMQ{MaxPendingPublishes: 7}
+	cfg := &Config{MaxPendingPublishes: 7}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue})
 	tr := startTransport(t, cfg)
 
@@ -483,7 +483,7 @@ func TestMandatorySendToMissingQueue(t *testing.T) {
 	pl := newPlain(t)
 	queue := uniq("mandatory")
 	pl.cleanupQueues(queue)
-	cfg := &endpoint.RabbitMQ{}
+	cfg := &Config{}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue})
 	tr := startTransport(t, cfg)
 
@@ -538,7 +538,7 @@ func TestPublishToTypeNobodyConsumes(t *testing.T) {
 	}
 
 	// With Mandatory, an unroutable publish is an error instead.
-	trm := startTransport(t, &endpoint.RabbitMQ{Mandatory: true})
+	trm := startTransport(t, &Config{Mandatory: true})
 	err := trm.Deliver(context.Background(), []*outbox.Message{{MessageID: "u3", Destination: "exchange:" + typ2}})[0]
 	var ret *ReturnedError
 	if !errors.As(err, &ret) {
@@ -589,11 +589,11 @@ func TestTopologyIdempotentAndComplete(t *testing.T) {
 	pl.cleanupQueues(queue, wire.ErrorQueue(queue), extra)
 	pl.cleanupExchanges(typ, topic, fan, dlx)
 
-	build := func() (*endpoint.RabbitMQ, *endpoint.Endpoint) {
-		cfg := &endpoint.RabbitMQ{}
-		cfg.Topology.DeclareExchange(endpoint.Exchange{Name: topic, Kind: endpoint.TopicExchange})
-		cfg.Topology.DeclareExchange(endpoint.Exchange{Name: fan})
-		cfg.Topology.DeclareExchange(endpoint.Exchange{Name: dlx, Kind: endpoint.DirectExchange})
+	build := func() (*Config, *endpoint.Endpoint) {
+		cfg := &Config{}
+		cfg.Topology.DeclareExchange(Exchange{Name: topic, Kind: TopicExchange})
+		cfg.Topology.DeclareExchange(Exchange{Name: fan})
+		cfg.Topology.DeclareExchange(Exchange{Name: dlx, Kind: DirectExchange})
 		cfg.Topology.DeclareQueue(endpoint.Queue{Name: extra, MessageTTL: time.Minute, MaxLength: 100, MaxLengthBytes: 1 << 20,
 			Overflow: "reject-publish", DeadLetterExchange: dlx, DeadLetterRoutingKey: "dead", Args: map[string]any{"x-max-priority": 5}})
 		cfg.Topology.Bind(endpoint.Binding{Exchange: topic, Queue: extra, RoutingKey: "orders.*"})
@@ -653,9 +653,9 @@ func TestConflictingQueueDeclaration(t *testing.T) {
 	if _, err := pl.ch().QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &endpoint.RabbitMQ{ConnectTimeout: 5 * time.Second}
+	cfg := &Config{ConnectTimeout: 5 * time.Second}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue, Type: endpoint.Classic})
-	tr, err := New(brokerURL(t), cfg, testLogger(t))
+	tr, err := open(brokerURL(t), cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -718,7 +718,7 @@ func TestReconnectResumesWithoutLoss(t *testing.T) {
 	pl.cleanupQueues(queue, wire.ErrorQueue(queue))
 	pl.cleanupExchanges(typ)
 	ep := newEndpoint(t, queue, []string{typ}, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = 4, 2 })
-	tr := startTransport(t, &endpoint.RabbitMQ{ReconnectMaxInterval: 500 * time.Millisecond}, ep)
+	tr := startTransport(t, &Config{ReconnectMaxInterval: 500 * time.Millisecond}, ep)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -834,7 +834,7 @@ func TestReconnectResumesWithoutLoss(t *testing.T) {
 func TestStartAgainstClosedPort(t *testing.T) {
 	brokerURL(t)
 	const pw = "n0t-the-real-pw"
-	tr, err := New("amqp://guest:"+pw+"@127.0.0.1:1/", &endpoint.RabbitMQ{ConnectTimeout: time.Second}, testLogger(t))
+	tr, err := open("amqp://guest:"+pw+"@127.0.0.1:1/", &Config{ConnectTimeout: time.Second}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -883,7 +883,7 @@ func TestStartRetriesUntilBrokerIsUp(t *testing.T) {
 	proxy := startProxyLater(t, addr, host, 700*time.Millisecond)
 	defer proxy.stop()
 
-	tr, err := New("amqp://"+creds+"@"+addr+"/", &endpoint.RabbitMQ{ConnectTimeout: 10 * time.Second}, testLogger(t))
+	tr, err := open("amqp://"+creds+"@"+addr+"/", &Config{ConnectTimeout: 10 * time.Second}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -989,7 +989,7 @@ func TestStartWithWrongPassword(t *testing.T) {
 	if _, hostPart, ok := strings.Cut(rest, "@"); ok {
 		rest = hostPart
 	}
-	tr, err := New("amqp://guest:"+pw+"@"+rest, &endpoint.RabbitMQ{ConnectTimeout: 10 * time.Second}, testLogger(t))
+	tr, err := open("amqp://guest:"+pw+"@"+rest, &Config{ConnectTimeout: 10 * time.Second}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // Subscriber returns a new message.Subscriber on this transport. Each

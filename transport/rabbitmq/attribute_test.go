@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func TestUnencodableMessageFailsAloneAndKeepsTheConnection(t *testing.T) {
 	pl := newPlain(t)
 	queue := uniq("unencodable")
 	pl.cleanupQueues(queue)
-	cfg := &endpoint.RabbitMQ{}
+	cfg := &Config{}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue})
 	tr := startTransport(t, cfg)
 	before := currentConnForTest(t, tr)
@@ -109,9 +109,9 @@ func TestBrokerRefusalChargesOnlyTheRefusedMessage(t *testing.T) {
 	if err := pl.ch().ExchangeDeclare(forbidden, "fanout", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &endpoint.RabbitMQ{ReconnectMaxInterval: 1e9, ConnectTimeout: 10e9}
+	cfg := &Config{ReconnectMaxInterval: 1e9, ConnectTimeout: 10e9}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue})
-	tr, err := New(restrictedUser(t, forbidden), cfg, testLogger(t))
+	tr, err := open(restrictedUser(t, forbidden), cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

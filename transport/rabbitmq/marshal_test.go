@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"strings"
@@ -8,9 +8,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 func TestHeaderString(t *testing.T) {
@@ -151,7 +151,7 @@ func TestNewValidatesURLWithoutLeakingPassword(t *testing.T) {
 		"amqp://user:" + pw + "@host/?heartbeat=abc",
 	}
 	for _, u := range bad {
-		_, err := New(u, nil, nil)
+		_, err := open(u, nil, nil)
 		if err == nil {
 			t.Errorf("New(%q) accepted", u)
 			continue
@@ -162,11 +162,11 @@ func TestNewValidatesURLWithoutLeakingPassword(t *testing.T) {
 		t.Logf("%v", err)
 	}
 	for _, u := range []string{"amqp://guest:guest@localhost:5672/", "amqps://u:p@host/vhost", "AMQP://host"} {
-		if _, err := New(u, nil, nil); err != nil {
+		if _, err := open(u, nil, nil); err != nil {
 			t.Errorf("New(%q): %v", u, err)
 		}
 	}
-	tr, err := New("amqp://user:"+pw+"@host/", nil, nil)
+	tr, err := open("amqp://user:"+pw+"@host/", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

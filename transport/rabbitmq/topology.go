@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"errors"
@@ -62,10 +62,10 @@ func (d *declarer) close() {
 }
 
 // exchange declares x and remembers it.
-func (d *declarer) exchange(x endpoint.Exchange) {
+func (d *declarer) exchange(x Exchange) {
 	kind := string(x.Kind)
 	if kind == "" {
-		kind = string(endpoint.FanoutExchange)
+		kind = string(FanoutExchange)
 	}
 	if d.do(fmt.Sprintf("exchange %q", x.Name), func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(x.Name, kind, !x.Transient, x.AutoDelete, false, false, amqpArgs(x.Args))
@@ -86,12 +86,12 @@ func (d *declarer) ensureExchange(name string) {
 		d.errs = append(d.errs, fmt.Errorf("rabbitmq: declare exchange %q: %w", name, err))
 		return
 	}
-	if err := ch.ExchangeDeclarePassive(name, string(endpoint.FanoutExchange), true, false, false, false, nil); err == nil {
+	if err := ch.ExchangeDeclarePassive(name, string(FanoutExchange), true, false, false, false, nil); err == nil {
 		d.t.rememberExchange(name)
 		return
 	}
 	d.ch = nil // a failed passive declare closes the channel
-	d.exchange(endpoint.Exchange{Name: name, Kind: endpoint.FanoutExchange})
+	d.exchange(Exchange{Name: name, Kind: FanoutExchange})
 }
 
 func (d *declarer) queue(q endpoint.Queue) {
@@ -185,7 +185,7 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 				continue
 			}
 			declared[mt] = true
-			d.exchange(endpoint.Exchange{Name: mt, Kind: endpoint.FanoutExchange})
+			d.exchange(Exchange{Name: mt, Kind: FanoutExchange})
 		}
 	}
 	for _, ep := range eps {

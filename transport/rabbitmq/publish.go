@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // publisher is one confirm-mode channel. Publishes are serialized on it;

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"errors"
 	"maps"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -23,17 +22,6 @@ const (
 	// (quorum queues' x-delivery-count), as a decimal string.
 	MetaDeliveryCount = "BW-DeliveryCount"
 )
-
-// ErrUnroutable is wrapped by delivery errors of a message the broker
-// returned because no queue received it (a mandatory publish).
-var ErrUnroutable = errors.New("transport: message unroutable")
-
-// MandatoryDeliverer is implemented by transports whose publishes to an
-// exchange may silently reach no queue (RabbitMQ): DeliverMandatory fails
-// such a message with an error wrapping ErrUnroutable instead.
-type MandatoryDeliverer interface {
-	DeliverMandatory(ctx context.Context, msgs []*outbox.Message) []error
-}
 
 // Transport moves messages between the bus and a broker.
 //

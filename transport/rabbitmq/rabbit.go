@@ -1,4 +1,4 @@
-package rabbit
+package rabbitmq
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 )
 
 var _ transport.Transport = (*Transport)(nil)
@@ -34,7 +34,7 @@ const dialTimeout = 15 * time.Second
 type Transport struct {
 	url    string
 	secret secret
-	cfg    endpoint.RabbitMQ
+	cfg    Config
 	log    *slog.Logger
 
 	ctx    context.Context // canceled by Close
@@ -60,36 +60,57 @@ type Transport struct {
 	pubWG     sync.WaitGroup // publisher confirm handlers
 }
 
-// New returns an unstarted transport for url (amqp:// or amqps://). It does
-// no I/O. cfg may be nil (all defaults); it is copied, and its zero settings
-// get their documented defaults.
-func New(rawURL string, cfg *endpoint.RabbitMQ, logger *slog.Logger) (*Transport, error) {
-	sec, err := parseURL(rawURL)
+// New returns the RabbitMQ transport for url (amqp:// or amqps://, with
+// credentials and vhost), to hand to bus.WithTransport. configure declares
+// the receive endpoints and extra topology and sets connection options; it
+// runs once, now. New does no I/O and reports nothing: the bus's New
+// reports every mistake (the URL's included) when it builds the transport.
+// A Transport serves one bus.
+func New(url string, configure func(c *Config)) *Transport {
+	t := &Transport{url: url}
+	if configure != nil {
+		configure(&t.cfg)
+	}
+	return t
+}
+
+// Endpoints returns the receive endpoints declared in New's block.
+func (t *Transport) Endpoints() *endpoint.Endpoints { return &t.cfg.Endpoints }
+
+// System names the transport for telemetry: "rabbitmq".
+func (t *Transport) System() string { return "rabbitmq" }
+
+// Build validates the configuration against env (the relay's lease bounds
+// PublishTimeout) and readies the transport; it does no I/O. It may be
+// called once.
+func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
+	if t.ctx != nil {
+		return nil, errBuilt
+	}
+	sec, err := parseURL(t.url)
+	errs := t.cfg.check()
 	if err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
-	var c endpoint.RabbitMQ
-	if cfg != nil {
-		c = *cfg
+	c := t.cfg.withDefaults(env.RelayLease)
+	if err := leaseCheck(env.RelayLease, c.PublishTimeout); err != nil {
+		errs = append(errs, err)
 	}
-	if errs := c.Validate(); len(errs) > 0 {
+	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	logger := env.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Transport{
-		url:       rawURL,
-		secret:    sec,
-		cfg:       c,
-		log:       logger.With(slog.String("transport", "rabbitmq")),
-		ctx:       ctx,
-		cancel:    cancel,
-		ready:     make(chan struct{}),
-		byName:    map[string]*endpoint.Endpoint{},
-		exchanges: map[string]bool{},
-	}, nil
+	t.secret = sec
+	t.cfg = c
+	t.log = logger.With(slog.String("transport", "rabbitmq"))
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.ready = make(chan struct{})
+	t.byName = map[string]*endpoint.Endpoint{}
+	t.exchanges = map[string]bool{}
+	return t, nil
 }
 
 // secret knows how to hide the credentials of one URL.
@@ -214,6 +235,10 @@ func (t *Transport) Start(ctx context.Context, endpoints []*endpoint.Endpoint) e
 	if t.closed {
 		t.mu.Unlock()
 		return errClosed
+	}
+	if t.ctx == nil {
+		t.mu.Unlock()
+		return errNotBuilt
 	}
 	if t.started {
 		t.mu.Unlock()
@@ -554,7 +579,8 @@ func (t *Transport) Health(ctx context.Context) error {
 // for every goroutine the transport started.
 func (t *Transport) Close() error {
 	t.mu.Lock()
-	if t.closed {
+	if t.closed || t.cancel == nil {
+		t.closed = true
 		t.mu.Unlock()
 		return nil
 	}

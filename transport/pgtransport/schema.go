@@ -13,8 +13,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/transport"
 )
 
 // DefaultTablePrefix is the prefix of the transport's tables unless

@@ -7,4 +7,4 @@
 // publisher waits for each confirm in turn, its first dial is not retried and
 // its subscriber always requeues, so the few pieces it would contribute are
 // simpler to own here.
-package rabbit
+package rabbitmq

@@ -24,11 +24,11 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/internal/pgtransport"
 	"github.com/barewire-go/barewire/internal/testenv"
-	"github.com/barewire-go/barewire/internal/transport"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/pgtransport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -91,7 +91,7 @@ func (e *env) start(t *testing.T, cfg pgtransport.Config, log *slog.Logger, eps 
 	if log == nil {
 		log = testLogger(t)
 	}
-	tr, err := pgtransport.New(e.db, cfg, log)
+	tr, err := pgtransport.Open(e.db, cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,7 +532,7 @@ func TestPostgresConfigValidation(t *testing.T) {
 	if err := pgtransport.ValidatePrefix("Good_prefix_1_"); err != nil {
 		t.Error(err)
 	}
-	if _, err := pgtransport.New(nil, pgtransport.Config{}, nil); err == nil {
+	if _, err := pgtransport.Open(nil, pgtransport.Config{}, nil); err == nil {
 		t.Error("nil db accepted")
 	}
 	if errs := (pgtransport.Config{Lease: time.Millisecond, PollInterval: -1}).Validate(); len(errs) != 2 {
@@ -593,7 +593,7 @@ func benchThroughput(b *testing.B, batch, consumers int, prefill bool) {
 			_ = s.Close()
 		}
 	}()
-	tr, err := pgtransport.New(db, pgtransport.Config{TablePrefix: prefix}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr, err := pgtransport.Open(db, pgtransport.Config{TablePrefix: prefix}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -714,7 +714,7 @@ func TestPostgresRestartRunsNoDDLOnALiveSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tr, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix}, testLogger(t))
+	tr, err := pgtransport.Open(e.db, pgtransport.Config{TablePrefix: e.prefix}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -769,13 +769,13 @@ func TestPostgresDeliverTxNotifiesAfterTheCommitNotInsideIt(t *testing.T) {
 
 	var mu sync.Mutex
 	var committed []string
-	producer, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix, OnCommitted: func(msgs []*outbox.Message) {
+	producer, err := pgtransport.OpenNotify(e.db, pgtransport.Config{TablePrefix: e.prefix}, testLogger(t), func(msgs []*outbox.Message) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range msgs {
 			committed = append(committed, m.MessageID)
 		}
-	}}, testLogger(t))
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -868,7 +868,7 @@ func TestPostgresAckTxCommitsWithTheEffects(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	eps := endpoints(t, map[string][]string{"acks": {"A"}})
-	tr, err := pgtransport.New(e.db, pgtransport.Config{TablePrefix: e.prefix, Lease: time.Minute}, testLogger(t))
+	tr, err := pgtransport.Open(e.db, pgtransport.Config{TablePrefix: e.prefix, Lease: time.Minute}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/barewire-go/barewire/internal/transport"
+	"github.com/barewire-go/barewire/transport"
 )
 
 func admitAll(done *int) func() (func(), error) {

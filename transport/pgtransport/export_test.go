@@ -1,0 +1,24 @@
+package pgtransport
+
+import (
+	"log/slog"
+
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+)
+
+// Open builds a transport the way bus.New does, from a copy of cfg.
+func Open(db *gorm.DB, cfg Config, log *slog.Logger) (*Transport, error) {
+	return OpenNotify(db, cfg, log, nil)
+}
+
+// OpenNotify is Open with transport.Env.OnCommitted set.
+func OpenNotify(db *gorm.DB, cfg Config, log *slog.Logger, onCommitted func([]*outbox.Message)) (*Transport, error) {
+	t := New(db, func(c *Config) { *c = cfg })
+	if _, err := t.Build(transport.Env{Logger: log, OnCommitted: onCommitted}); err != nil {
+		return nil, err
+	}
+	return t, nil
+}

@@ -1,0 +1,162 @@
+package rabbitmq
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/barewire-go/barewire/endpoint"
+)
+
+// Config configures the RabbitMQ transport: the receive endpoints
+// (declared through the embedded Endpoints, as on every transport),
+// connection settings and extra topology. Zero fields take the defaults
+// written on each.
+type Config struct {
+	endpoint.Endpoints
+	// Topology declares extra exchanges, queues and bindings.
+	Topology Topology
+
+	// TLS, when set, is used for amqps:// connections (client certificates
+	// go in TLS.Certificates).
+	TLS *tls.Config
+	// ConnectTimeout bounds how long Start retries a broker that is down.
+	// Defaults to 30s.
+	ConnectTimeout time.Duration
+	// ReconnectMaxInterval caps the backoff between reconnect attempts.
+	// Defaults to 10s.
+	ReconnectMaxInterval time.Duration
+	// MaxPendingPublishes caps publishes awaiting a broker confirm; further
+	// publishes wait. Defaults to 1000.
+	MaxPendingPublishes int
+	// PublishTimeout bounds the wait for a publish confirm. The outbox's
+	// RelayLease must be at least twice it. Defaults to 30s, or half of
+	// RelayLease when that is shorter.
+	PublishTimeout time.Duration
+	// Mandatory makes publishes that no queue receives fail with an error
+	// instead of vanishing. Defaults to false for Publish (a message type
+	// nobody consumes yet is not an error) and always on for Send.
+	Mandatory bool
+}
+
+// Defaults for Config's zero fields.
+const (
+	DefaultConnectTimeout       = 30 * time.Second
+	DefaultReconnectMaxInterval = 10 * time.Second
+	DefaultMaxPendingPublishes  = 1000
+	DefaultPublishTimeout       = 30 * time.Second
+)
+
+// ExchangeKind is a RabbitMQ exchange type.
+type ExchangeKind string
+
+// Exchange kinds.
+const (
+	DirectExchange  ExchangeKind = "direct"
+	FanoutExchange  ExchangeKind = "fanout"
+	TopicExchange   ExchangeKind = "topic"
+	HeadersExchange ExchangeKind = "headers"
+)
+
+// Exchange declares an exchange. Exchanges are durable unless Transient.
+type Exchange struct {
+	Name       string
+	Kind       ExchangeKind // Defaults to FanoutExchange.
+	Transient  bool         // not durable: lost on broker restart
+	AutoDelete bool
+	Args       map[string]any
+}
+
+// Topology is a set of broker objects declared at start and after every
+// reconnect. Declaring an object that exists with the same arguments is a
+// no-op; different arguments are refused by the broker with a clear error.
+type Topology struct {
+	Exchanges []Exchange
+	Queues    []endpoint.Queue
+	Bindings  []endpoint.Binding
+}
+
+// DeclareExchange adds an exchange declaration.
+func (t *Topology) DeclareExchange(x Exchange) { t.Exchanges = append(t.Exchanges, x) }
+
+// DeclareQueue adds a queue declaration.
+func (t *Topology) DeclareQueue(q endpoint.Queue) { t.Queues = append(t.Queues, q) }
+
+// Bind adds a binding.
+func (t *Topology) Bind(b endpoint.Binding) { t.Bindings = append(t.Bindings, b) }
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("rabbitmq: "+format, args...)
+}
+
+// check reports every problem of c's settings; endpoint errors are in
+// c.Errs.
+func (c *Config) check() []error {
+	var errs []error
+	if c.ConnectTimeout < 0 {
+		errs = append(errs, configErr("ConnectTimeout %v is negative", c.ConnectTimeout))
+	}
+	if c.ReconnectMaxInterval < 0 {
+		errs = append(errs, configErr("ReconnectMaxInterval %v is negative", c.ReconnectMaxInterval))
+	}
+	if c.MaxPendingPublishes < 0 {
+		errs = append(errs, configErr("MaxPendingPublishes %d is negative", c.MaxPendingPublishes))
+	}
+	if c.PublishTimeout < 0 {
+		errs = append(errs, configErr("PublishTimeout %v is negative", c.PublishTimeout))
+	}
+	for _, x := range c.Topology.Exchanges {
+		switch x.Kind {
+		case "", DirectExchange, FanoutExchange, TopicExchange, HeadersExchange:
+		default:
+			errs = append(errs, configErr("exchange %q: unknown kind %q", x.Name, x.Kind))
+		}
+		if x.Name == "" {
+			errs = append(errs, configErr("an exchange has no name"))
+		}
+	}
+	for _, b := range c.Topology.Bindings {
+		if (b.Queue == "") == (b.ToExchange == "") {
+			errs = append(errs, configErr("binding from %q: set exactly one of Queue and ToExchange", b.Exchange))
+		}
+	}
+	return errs
+}
+
+// withDefaults returns c with its zero settings defaulted. relayLease,
+// when positive, caps the default PublishTimeout at half of it.
+func (c Config) withDefaults(relayLease time.Duration) Config {
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.ReconnectMaxInterval == 0 {
+		c.ReconnectMaxInterval = DefaultReconnectMaxInterval
+	}
+	if c.MaxPendingPublishes == 0 {
+		c.MaxPendingPublishes = DefaultMaxPendingPublishes
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+		if relayLease > 0 {
+			c.PublishTimeout = min(DefaultPublishTimeout, relayLease/2)
+		}
+	}
+	return c
+}
+
+// leaseCheck keeps the relay's lease at least twice the publish timeout:
+// the relay may wait PublishTimeout for a batch's confirms before settling
+// it, and a lease that expires first lets another relay claim and send the
+// batch a second time.
+func leaseCheck(relayLease, publishTimeout time.Duration) error {
+	if relayLease <= 0 || publishTimeout <= 0 || relayLease >= 2*publishTimeout {
+		return nil
+	}
+	return configErr("outbox RelayLease %v must be at least twice the RabbitMQ PublishTimeout %v (a relay waits up to PublishTimeout for confirms; a lease that expires first lets another relay send the batch again); raise RelayLease to %v or lower PublishTimeout to %v",
+		relayLease, publishTimeout, 2*publishTimeout, relayLease/2)
+}
+
+var errNotBuilt = errors.New("rabbitmq: transport not built; hand it to bus.WithTransport, or call Build first")
+
+var errBuilt = errors.New("rabbitmq: this transport was already built for a bus; call New for each bus")
