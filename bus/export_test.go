@@ -3,8 +3,8 @@ package bus
 import (
 	"context"
 
-	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // DeliverRawForTest puts a message with no id on queue, the way a plain

@@ -16,8 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/transport/rabbitmq"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 const amqpShortString = 255

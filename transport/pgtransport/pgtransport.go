@@ -133,20 +133,20 @@ func (c Config) Validate() []error {
 
 // Transport is the PostgreSQL transport. It is safe for concurrent use.
 type Transport struct {
-	sqlDB  *sql.DB
-	db     *gorm.DB
-	cfg    Config
-	log    *slog.Logger
-	built  bool
+	sqlDB *sql.DB
+	db    *gorm.DB
+	cfg   Config
+	log   *slog.Logger
+	built bool
 	// onCommitted (transport.Env.OnCommitted) is called with the messages
 	// DeliverTx wrote once their transaction is seen to have committed
 	// (usually within milliseconds; never for a rolled-back one, and not
 	// at all for a transaction still open after a minute or past 4096
 	// watched ones). It runs on the commit watcher's goroutine.
 	onCommitted func(msgs []*outbox.Message)
-	n      names
-	schema schemaAdapter
-	pub    *wsql.Publisher
+	n           names
+	schema      schemaAdapter
+	pub         *wsql.Publisher
 
 	ctx    context.Context // lifetime: canceled by Close; messages' contexts derive from it
 	cancel context.CancelFunc
