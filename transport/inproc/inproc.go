@@ -382,9 +382,14 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 		return true
 	case <-ctx.Done():
 	case <-t.done:
+		// The transport is closed: its queues go with it, so there is
+		// nothing to put the message back into. Close does not wait for
+		// a handler that may never return.
+		return false
 	}
-	// Stopped mid-flight: wait for the handler's verdict so the message
-	// is neither lost nor handled twice at once.
+	// The subscription stopped mid-flight while the queue lives on: wait
+	// for the handler's verdict so the message is neither lost nor
+	// handled twice at once.
 	select {
 	case <-msg.Acked():
 		settle(nil)
