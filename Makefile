@@ -23,7 +23,7 @@ test-short:
 ## (against the stores' limits and against AMQP's encoding).
 ## A failing input is written to the package's testdata/fuzz; re-run it with go test -run.
 FUZZTIME ?= 10s
-FUZZ_TARGETS = ./internal/rabbit/:FuzzFromDelivery ./bus/:FuzzDispatch ./bus/:FuzzEnvelope ./bus/:FuzzEnvelopeAMQP
+FUZZ_TARGETS = ./transport/rabbitmq/:FuzzFromDelivery ./bus/:FuzzDispatch ./bus/:FuzzEnvelope ./bus/:FuzzEnvelopeAMQP
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
@@ -39,11 +39,11 @@ staticcheck:
 ## lint: go vet and staticcheck (pinned)
 lint: vet staticcheck
 
-## bench: hot-path micro-benchmarks (bus, internal/rabbit, gormstore), then, when
+## bench: hot-path micro-benchmarks (bus, transport/rabbitmq, gormstore), then, when
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL are set, the load tool
 ## (cmd/barewire-bench; BENCH_ARGS overrides its flags, e.g. BENCH_ARGS='-scenario e2e -duration 30s')
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./bus/ ./internal/rabbit/ ./gormstore/
+	$(GO) test -run '^$$' -bench . -benchmem ./bus/ ./transport/rabbitmq/ ./gormstore/
 	@if [ -n "$$BAREWIRE_TEST_POSTGRES_DSN" ] && [ -n "$$BAREWIRE_TEST_AMQP_URL" ]; then \
 		GO=$(GO) ./cmd/barewire-bench/build.sh bin/barewire-bench && \
 		bin/barewire-bench $${BENCH_ARGS:--scenario all -backlog 100000 -plot bin/benchmarks-latency.png}; \

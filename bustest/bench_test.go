@@ -10,6 +10,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 // BenchmarkNewCleanup is a test's fixed cost: a harness with the two
@@ -18,7 +19,7 @@ import (
 func BenchmarkNewCleanup(b *testing.B) {
 	for b.Loop() {
 		ft := &fakeT{}
-		bustest.New(ft, orders(endpoint.NoRetry())...)
+		bustest.New(ft, orders(endpoint.NoRetry()))
 		ft.runCleanups()
 		if len(ft.errs) > 0 {
 			b.Fatal(ft.errs)
@@ -28,9 +29,11 @@ func BenchmarkNewCleanup(b *testing.B) {
 
 // BenchmarkRoundTrip is publish, consume, and the wait that sees it.
 func BenchmarkRoundTrip(b *testing.B) {
-	h := bustest.New(b, bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error { return nil })
-	}))
+	h := bustest.New(b, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error { return nil })
+		})
+	})))
 	ctx := context.Background()
 	i := 0
 	for b.Loop() {

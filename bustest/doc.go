@@ -7,7 +7,9 @@
 // it. Tests then publish or send as the service would and wait, with no
 // sleeps, for what they expect:
 //
-//	h := bustest.New(t, service.Endpoints()...)
+//	h := bustest.New(t, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+//		service.Declare(&c.Endpoints) // the service's own ReceiveEndpoint calls
+//	})))
 //	_ = h.Bus.Publish(ctx, OrderPlaced{ID: "42"}, nil)
 //	bustest.Consumed[OrderPlaced](h, bustest.OnEndpoint("billing"))
 //	bustest.Published[InvoiceIssued](h)   // the consumer's outbox row, committed

@@ -11,6 +11,7 @@ import (
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 // exampleT stands in for the *testing.T a real test passes.
@@ -40,7 +41,7 @@ func test(fn func(t bustest.T)) {
 func Example_outbox() {
 	test(func(t bustest.T) {
 		// snippet:start outbox
-		h := bustest.New(t, orders(endpoint.NoRetry())...) // the service's own endpoint declarations
+		h := bustest.New(t, orders(endpoint.NoRetry())) // the service's own endpoint declarations
 		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
@@ -71,7 +72,7 @@ func Example_outbox() {
 func Example_duplicate() {
 	test(func(t bustest.T) {
 		// snippet:start duplicate
-		h := bustest.New(t, orders(endpoint.NoRetry())...)
+		h := bustest.New(t, orders(endpoint.NoRetry()))
 		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
@@ -98,7 +99,7 @@ func Example_duplicate() {
 func Example_retry() {
 	test(func(t bustest.T) {
 		// snippet:start retry
-		h := bustest.New(t, orders(endpoint.Immediate(2))...)
+		h := bustest.New(t, orders(endpoint.Immediate(2)))
 		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
@@ -122,7 +123,7 @@ func Example_retry() {
 func Example_deadLetter() {
 	test(func(t bustest.T) {
 		// snippet:start dead-letter
-		h := bustest.New(t, orders(endpoint.Immediate(1))...)
+		h := bustest.New(t, orders(endpoint.Immediate(1)))
 		bustest.FailNext[OrderPlaced](h, 2, errors.New("card declined"))
 		if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "3"}, nil); err != nil {
 			t.Fatalf("publish: %v", err)
@@ -175,7 +176,7 @@ func ExampleConsume() {
 func Example_lockExpiry() {
 	test(func(t bustest.T) {
 		// snippet:start lock-expiry
-		h := bustest.New(t, orders(endpoint.NoRetry())...) // InboxLockTimeout: the default 30 s
+		h := bustest.New(t, orders(endpoint.NoRetry())) // InboxLockTimeout: the default 30 s
 		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
@@ -217,13 +218,15 @@ func Example_dropConnection() {
 		// snippet:start drop-connection
 		running, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
-		h := bustest.New(t, bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
-				once.Do(func() { close(running) })
-				<-release // still handling when the connection drops
-				return bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error
+		h := bustest.New(t, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+					once.Do(func() { close(running) })
+					<-release // still handling when the connection drops
+					return bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error
+				})
 			})
-		}))
+		})))
 		if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 			t.Fatalf("migrate: %v", err)
 		}

@@ -124,12 +124,13 @@ type Harness struct {
 
 var harnessSeq atomic.Int64
 
-// New builds and starts a bus with opts (the service's own endpoint
-// declarations, and WithRabbitMQ / WithPostgresTransport / WithOutbox to
-// run on real services; the embedded default otherwise), records what it
-// does, and stops it when the test ends, failing the test if the bus's
-// goroutines outlive it. Safe with t.Parallel: every harness has its own
-// bus and, on the embedded default, its own in-memory database.
+// New builds and starts a bus with opts (bus.WithTransport with the
+// service's own endpoint declarations: on inproc.New for the embedded
+// default, or on rabbitmq.New / pgtransport.New, with bus.WithDatabase, to
+// run on real services), records what it does, and stops it when the test
+// ends, failing the test if the bus's goroutines outlive it. Safe with
+// t.Parallel: every harness has its own bus and, on the embedded default,
+// its own in-memory database.
 func New(t T, opts ...bus.Option) *Harness {
 	t.Helper()
 	h := &Harness{

@@ -12,6 +12,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 type OrderPlaced struct {
@@ -28,30 +29,35 @@ type Invoice struct {
 
 // snippet:start declarations
 
-// orders is a service's declarations: billing writes an invoice and
-// publishes InvoiceIssued through the outbox; mail consumes it.
-func orders(retry endpoint.RetryPolicy) []bus.Option {
-	return []bus.Option{
-		bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
-			e.Retry = retry
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
-				if err := bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error; err != nil {
-					return err
-				}
-				return c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil)
-			})
-		}),
-		bus.ReceiveEndpoint("mail", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
-		}),
-	}
+// declareOrders is a service's declarations: billing writes an invoice and
+// publishes InvoiceIssued through the outbox; mail consumes it. It takes
+// *endpoint.Endpoints, which every transport's configuration embeds, so the
+// service declares the same endpoints on RabbitMQ in production.
+func declareOrders(c *endpoint.Endpoints, retry endpoint.RetryPolicy) {
+	c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+		e.Retry = retry
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+			if err := bus.TxFromContext(ctx).Create(&Invoice{OrderID: c.Message.ID}).Error; err != nil {
+				return err
+			}
+			return c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil)
+		})
+	})
+	c.ReceiveEndpoint("mail", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
+	})
+}
+
+// orders declares them on the embedded in-process transport, for tests.
+func orders(retry endpoint.RetryPolicy) bus.Option {
+	return bus.WithTransport(inproc.New(func(c *inproc.Config) { declareOrders(&c.Endpoints, retry) }))
 }
 
 // snippet:end declarations
 
 func start(t *testing.T, retry endpoint.RetryPolicy) *bustest.Harness {
 	t.Helper()
-	h := bustest.New(t, orders(retry)...)
+	h := bustest.New(t, orders(retry))
 	if err := h.Bus.DB().AutoMigrate(&Invoice{}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,17 +135,19 @@ func TestFailNextRetriesThenSucceeds(t *testing.T) {
 func TestRolledBackAttemptPublishesNothing(t *testing.T) {
 	t.Parallel()
 	var once sync.Once
-	h := bustest.New(t, bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.Immediate(1)
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
-			if err := c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil); err != nil {
+	h := bustest.New(t, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.Immediate(1)
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+				if err := c.Publish(ctx, InvoiceIssued{OrderID: c.Message.ID}, nil); err != nil {
+					return err
+				}
+				var err error
+				once.Do(func() { err = errors.New("fails after publishing") })
 				return err
-			}
-			var err error
-			once.Do(func() { err = errors.New("fails after publishing") })
-			return err
+			})
 		})
-	}))
+	})))
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "1"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +229,7 @@ func fatalOf(fn func()) (fataled bool) {
 func TestTimedOutWaitReportsWhatHappened(t *testing.T) {
 	t.Parallel()
 	ft := &fakeT{}
-	h := bustest.New(ft, orders(endpoint.NoRetry())...)
+	h := bustest.New(ft, orders(endpoint.NoRetry()))
 	defer ft.runCleanups()
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "no table"}, nil); err != nil {
 		t.Fatal(err)
@@ -246,12 +254,14 @@ func TestLeakedGoroutineFailsTheTest(t *testing.T) {
 	stuck := make(chan struct{})
 	defer close(stuck)
 	ft := &fakeT{}
-	h := bustest.New(ft, bus.ReceiveEndpoint("leaky", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
-			go func() { <-stuck }() // outlives the bus
-			return nil
+	h := bustest.New(ft, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("leaky", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+				go func() { <-stuck }() // outlives the bus
+				return nil
+			})
 		})
-	}))
+	})))
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "1"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -320,11 +330,13 @@ func TestWaitIdleWaitsForQueuedMessages(t *testing.T) {
 // past the delay sends it at once: an hour's redelivery in milliseconds.
 func TestRedeliveryDelayFollowsTheFakeClock(t *testing.T) {
 	t.Parallel()
-	h := bustest.New(t, bus.ReceiveEndpoint("slow-retry", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.NoRetry()
-		e.Redelivery = []time.Duration{time.Hour}
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error { return nil })
-	}))
+	h := bustest.New(t, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("slow-retry", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			e.Redelivery = []time.Duration{time.Hour}
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error { return nil })
+		})
+	})))
 	bustest.FailNext[OrderPlaced](h, 1, errors.New("not yet"))
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "r-1"}, nil); err != nil {
 		t.Fatal(err)

@@ -13,9 +13,11 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // The harness on RabbitMQ and PostgreSQL: the same waits, the outbox row
@@ -24,7 +26,7 @@ import (
 func TestOnRabbitMQAndPostgres(t *testing.T) {
 	t.Parallel()
 	dsn, url := testenv.PostgresDSN(t), testenv.AMQPURL(t)
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +43,9 @@ func TestOnRabbitMQAndPostgres(t *testing.T) {
 	})
 	// snippet:start real-services
 	h := bustest.New(t,
-		bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix }),
-		bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
+		bus.WithDatabase(db),
+		bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = prefix }),
+		bus.WithTransport(rabbitmq.New(url, func(r *rabbitmq.Config) {
 			r.ReceiveEndpoint(billing, func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
 					// Sent, not published: the type's exchange is shared with parallel tests.
@@ -52,7 +55,7 @@ func TestOnRabbitMQAndPostgres(t *testing.T) {
 			r.ReceiveEndpoint(mail, func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
 			})
-		}),
+		})),
 	)
 	if err := h.Bus.Send(context.Background(), billing, OrderPlaced{ID: "r1"}, nil); err != nil {
 		t.Fatal(err)
@@ -92,7 +95,7 @@ func deleteQueues(t *testing.T, url string, names ...string) {
 // it once the delivery committed.
 func TestOnPostgresTransport(t *testing.T) {
 	t.Parallel()
-	db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+	db, err := postgresdb.Open(testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func TestOnPostgresTransport(t *testing.T) {
 		}
 	})
 	h := bustest.New(t,
-		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
+		bus.WithTransport(pgtransport.New(db, func(p *pgtransport.Config) {
 			p.TablePrefix = prefix
 			p.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
 				e.Retry = endpoint.Immediate(1)
@@ -123,8 +126,8 @@ func TestOnPostgresTransport(t *testing.T) {
 			p.ReceiveEndpoint("mail", func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
 			})
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.TablePrefix = prefix }),
+		})),
+		bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = prefix }),
 	)
 	if err := h.Bus.Publish(context.Background(), OrderPlaced{ID: "p1"}, nil); err != nil {
 		t.Fatal(err)
@@ -161,7 +164,7 @@ func TestDropConnectionOnRabbitMQ(t *testing.T) {
 	t.Cleanup(func() { deleteQueues(t, url, q) })
 	running, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	h := bustest.New(t, bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
+	h := bustest.New(t, bus.WithTransport(rabbitmq.New(url, func(r *rabbitmq.Config) {
 		r.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
 				once.Do(func() { close(running) })
@@ -169,7 +172,7 @@ func TestDropConnectionOnRabbitMQ(t *testing.T) {
 				return nil
 			})
 		})
-	}))
+	})))
 	if err := h.Bus.Send(context.Background(), q, OrderPlaced{ID: "d1"}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,9 @@
 package endpoint_test
 
 // The examples in this file are the source of the code blocks in docs/.
-// Those with an "// Output:" comment run on the embedded default with
-// `go test`; the others need a broker and only compile. Edit them here,
-// then run `go run ./internal/tools/docsnippets -fix`.
+// Those with an "// Output:" comment run with `go test`: on the embedded
+// default, or building a bus on RabbitMQ, which connects to nothing until
+// Start. Edit them here, then run `go run ./internal/tools/docsnippets -fix`.
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // run builds a bus on the embedded default from opts, starts it, calls fn
@@ -68,9 +70,11 @@ func ExampleConsumer() {
 		close(done)
 		return nil
 	}
-	opts := []bus.Option{bus.ReceiveEndpoint("shipment-notifications", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, notify) // T inferred: ShipmentDispatched
-	})}
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("shipment-notifications", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, notify) // T inferred: ShipmentDispatched
+		})
+	}))}
 	// snippet:end consumer-func
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		if err := b.Publish(ctx, ShipmentDispatched{ShipmentID: "s-1", Carrier: "DHL"}, bus.Headers{bus.HeaderMessageID: "m-1"}); err != nil {
@@ -105,9 +109,11 @@ func (m printMailer) Send(to, text string) error {
 func ExampleConsumerOf() {
 	mailer := printMailer{done: make(chan struct{})}
 	// snippet:start consumer-struct-register
-	opts := []bus.Option{bus.ReceiveEndpoint("shipment-notifications", func(e *endpoint.Endpoint) {
-		endpoint.ConsumerOf[ShipmentDispatched](e, &Notifier{Mailer: mailer})
-	})}
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("shipment-notifications", func(e *endpoint.Endpoint) {
+			endpoint.ConsumerOf[ShipmentDispatched](e, &Notifier{Mailer: mailer})
+		})
+	}))}
 	// snippet:end consumer-struct-register
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		if err := b.Publish(ctx, ShipmentDispatched{ShipmentID: "s-2"}, nil); err != nil {
@@ -123,24 +129,26 @@ func ExampleRawConsumer() {
 	var got []string
 	record := func(s string) { mu.Lock(); got = append(got, s); mu.Unlock() }
 	// snippet:start raw-consumer
-	opts := []bus.Option{bus.ReceiveEndpoint("shipments", func(e *endpoint.Endpoint) {
-		// Typed: ShipmentDispatched messages, decoded.
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
-			record("typed " + c.MessageType)
-			return nil
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("shipments", func(e *endpoint.Endpoint) {
+			// Typed: ShipmentDispatched messages, decoded.
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
+				record("typed " + c.MessageType)
+				return nil
+			})
+			// Raw, bound to a type: ShipmentDelivered messages, as bytes.
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				record("raw " + d.MessageType + " " + string(d.Body))
+				return nil
+			}, endpoint.ForTypes("ShipmentDelivered"))
+			// Raw catch-all: every other type sent to the queue, and messages
+			// without a type.
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				record("catch-all " + d.MessageType)
+				return nil
+			})
 		})
-		// Raw, bound to a type: ShipmentDelivered messages, as bytes.
-		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
-			record("raw " + d.MessageType + " " + string(d.Body))
-			return nil
-		}, endpoint.ForTypes("ShipmentDelivered"))
-		// Raw catch-all: every other type sent to the queue, and messages
-		// without a type.
-		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
-			record("catch-all " + d.MessageType)
-			return nil
-		})
-	})}
+	}))}
 	// snippet:end raw-consumer
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		must := func(err error) {
@@ -178,18 +186,20 @@ func (CustomerRegistered) MessageType() string { return "crm.CustomerRegistered"
 func ExampleTypeNamer() {
 	done := make(chan string, 2)
 	// snippet:start as-message-type
-	opts := []bus.Option{bus.ReceiveEndpoint("crm-sync", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[CustomerRegistered]) error {
-			done <- c.MessageType
-			return nil
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("crm-sync", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[CustomerRegistered]) error {
+				done <- c.MessageType
+				return nil
+			})
+			// A message type published by another service under a name that
+			// is not the Go type's: dispatch on that name instead.
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
+				done <- c.MessageType
+				return nil
+			}, endpoint.AsMessageType("Logistics.ShipmentSent"))
 		})
-		// A message type published by another service under a name that
-		// is not the Go type's: dispatch on that name instead.
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
-			done <- c.MessageType
-			return nil
-		}, endpoint.AsMessageType("Logistics.ShipmentSent"))
-	})}
+	}))}
 	// snippet:end as-message-type
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		if err := b.Publish(ctx, CustomerRegistered{CustomerID: "c-1"}, nil); err != nil {
@@ -212,20 +222,22 @@ func ExampleNamed() {
 	var calls []string
 	call := func(s string) { mu.Lock(); calls = append(calls, s); mu.Unlock() }
 	// snippet:start named
-	opts := []bus.Option{bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.NoRetry()
-		// Two consumers of one type on one endpoint run in registration
-		// order, in one transaction, under one inbox entry: both commit, or
-		// neither does and the message is retried or dead-lettered as a whole.
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
-			call("tracking")
-			return nil
-		}, endpoint.Named("tracking"))
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
-			call("invoicing")
-			return errors.New("invoicing failed") // rolls back tracking's writes too
-		}, endpoint.Named("invoicing"))
-	})}
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			// Two consumers of one type on one endpoint run in registration
+			// order, in one transaction, under one inbox entry: both commit, or
+			// neither does and the message is retried or dead-lettered as a whole.
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
+				call("tracking")
+				return nil
+			}, endpoint.Named("tracking"))
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
+				call("invoicing")
+				return errors.New("invoicing failed") // rolls back tracking's writes too
+			}, endpoint.Named("invoicing"))
+		})
+	}))}
 	// snippet:end named
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		if err := b.Publish(ctx, ShipmentDispatched{ShipmentID: "s-5"}, nil); err != nil {
@@ -237,27 +249,33 @@ func ExampleNamed() {
 	// Output: tracking, invoicing
 }
 
-// Example_endpointFields sets every field of an endpoint. It compiles but
-// does not run under go test.
+// Example_endpointFields sets every field of an endpoint, on RabbitMQ (the
+// one transport with queue settings). bus.New connects to nothing: it only
+// checks the declarations.
 func Example_endpointFields() {
 	handle := func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error { return nil }
+	amqpURL := "amqp://guest:guest@127.0.0.1:5672/"
 	// snippet:start config-endpoint
-	opts := []bus.Option{bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, handle)
-		e.PrefetchCount = 32                                                   // default ConcurrentMessageLimit
-		e.ConcurrentMessageLimit = 16                                          // default 8; at most PrefetchCount
-		e.Retry = endpoint.Exponential(5, 200*time.Millisecond, 5*time.Second) // default Exponential(3, 100ms, 2s)
-		e.Redelivery = []time.Duration{time.Minute, 10 * time.Minute}          // default none
-		e.Serializer = endpoint.JSON                                           // default JSON
-		e.Inbox = endpoint.InboxTwoPhase                                       // default; or InboxSingleTransaction, InboxOff
-		e.MissingMessageID = endpoint.RejectMissingID                          // default; or ProcessMissingID
-		e.HandlerTimeout = 30 * time.Second                                    // default 0: none
-		e.ErrorQueue = "shipping_error"                                        // default "<name>_error"
-		e.Queue.Type = endpoint.Quorum                                         // RabbitMQ queue settings; see docs/topology.md
-		e.Bind("legacy-shipping", "")                                          // extra binding of this queue
-	})}
+	opts := []bus.Option{bus.WithTransport(rabbitmq.New(amqpURL, func(c *rabbitmq.Config) {
+		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, handle)
+			e.PrefetchCount = 32                                                   // default ConcurrentMessageLimit
+			e.ConcurrentMessageLimit = 16                                          // default 8; at most PrefetchCount
+			e.Retry = endpoint.Exponential(5, 200*time.Millisecond, 5*time.Second) // default Exponential(3, 100ms, 2s)
+			e.Redelivery = []time.Duration{time.Minute, 10 * time.Minute}          // default none
+			e.Serializer = endpoint.JSON                                           // default JSON
+			e.Inbox = endpoint.InboxTwoPhase                                       // default; or InboxSingleTransaction, InboxOff
+			e.MissingMessageID = endpoint.RejectMissingID                          // default; or ProcessMissingID
+			e.HandlerTimeout = 30 * time.Second                                    // default 0: none
+			e.ErrorQueue = "shipping_error"                                        // default "<name>_error"
+			e.Queue.Type = endpoint.Quorum                                         // RabbitMQ queue settings; see docs/topology.md
+			e.Bind("legacy-shipping", "")                                          // extra binding of this queue
+		})
+	}))}
 	// snippet:end config-endpoint
-	_ = opts
+	_, err := bus.New(opts...)
+	fmt.Println(err)
+	// Output: <nil>
 }
 
 // Example_retryPolicies lists the retry policies. It only builds them.
@@ -289,7 +307,7 @@ func shipWithRetryFilter(e *endpoint.Endpoint) {
 func ExampleRetryPolicy_shouldRetry() {
 	var mu sync.Mutex
 	attempts := map[string]int{}
-	opts := []bus.Option{bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
 			shipWithRetryFilter(e)
 			e.Retry.Interval = time.Millisecond // keep the example quick
@@ -308,7 +326,7 @@ func ExampleRetryPolicy_shouldRetry() {
 				// snippet:end permanent
 			})
 		})
-	})}
+	}))}
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		for _, m := range []ShipmentDispatched{{ShipmentID: "no-address"}, {ShipmentID: "no-carrier", Carrier: "nobody"}, {ShipmentID: "timeout", Carrier: "DHL"}} {
 			if err := b.Publish(ctx, m, nil); err != nil {
@@ -326,23 +344,25 @@ func ExampleEndpoint_redelivery() {
 	var calls []string
 	done := make(chan struct{})
 	// snippet:start redelivery
-	opts := []bus.Option{bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.Immediate(1) // 2 attempts per delivery
-		// Then through the outbox, to be delivered again after 10ms, then
-		// after 50ms; only then dead-lettered.
-		e.Redelivery = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond}
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
-			n := c.Headers["BW-Redelivery-Count"] // "" on the first delivery
-			mu.Lock()
-			calls = append(calls, fmt.Sprintf("redelivery %q attempt %d", n, c.Attempt))
-			mu.Unlock()
-			if n != "2" {
-				return errors.New("warehouse offline")
-			}
-			close(done)
-			return nil
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.Immediate(1) // 2 attempts per delivery
+			// Then through the outbox, to be delivered again after 10ms, then
+			// after 50ms; only then dead-lettered.
+			e.Redelivery = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond}
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error {
+				n := c.Headers["BW-Redelivery-Count"] // "" on the first delivery
+				mu.Lock()
+				calls = append(calls, fmt.Sprintf("redelivery %q attempt %d", n, c.Attempt))
+				mu.Unlock()
+				if n != "2" {
+					return errors.New("warehouse offline")
+				}
+				close(done)
+				return nil
+			})
 		})
-	})}
+	}))}
 	// snippet:end redelivery
 	run(opts, func(ctx context.Context, b *bus.Bus) {
 		if err := b.Publish(ctx, ShipmentDispatched{ShipmentID: "s-6"}, nil); err != nil {
@@ -364,7 +384,7 @@ func ExampleEndpoint_redelivery() {
 func Example_inboxModes() {
 	handle := func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error { return nil }
 	// snippet:start inbox-modes
-	opts := []bus.Option{bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	opts := []bus.Option{bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, handle) // InboxTwoPhase, RejectMissingID: the defaults
 		})
@@ -377,56 +397,9 @@ func Example_inboxModes() {
 			e.MissingMessageID = endpoint.ProcessMissingID // accept messages from producers that set no id
 			endpoint.Consumer(e, handle)
 		})
-	})}
+	}))}
 	// snippet:end inbox-modes
 	_, err := bus.New(opts...)
 	fmt.Println(err)
 	// Output: <nil>
-}
-
-// Example_topology declares queues, bindings and extra topology on
-// RabbitMQ. It compiles but does not run under go test.
-func Example_topology() {
-	handle := func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error { return nil }
-	amqpURL := "amqp://guest:guest@127.0.0.1:5672/"
-	// snippet:start topology
-	b, err := bus.New(bus.WithRabbitMQ(amqpURL, func(rmq *endpoint.RabbitMQ) {
-		rmq.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, handle) // binds exchange "ShipmentDispatched" → queue "shipping"
-			e.Queue.Type = endpoint.Quorum
-			e.Queue.MaxLength = 100_000
-			e.Queue.Overflow = "reject-publish"
-			// Also receive what a legacy system publishes to a topic exchange.
-			e.Bindings = append(e.Bindings, endpoint.Binding{Exchange: "legacy.events", RoutingKey: "shipment.*"})
-		})
-		// Objects no endpoint owns: declared at start and after every reconnect.
-		rmq.Topology.DeclareExchange(endpoint.Exchange{Name: "legacy.events", Kind: endpoint.TopicExchange})
-		rmq.Topology.DeclareExchange(endpoint.Exchange{Name: "audit", Kind: endpoint.FanoutExchange})
-		rmq.Topology.DeclareQueue(endpoint.Queue{Name: "audit-archive", Type: endpoint.Quorum, MessageTTL: 30 * 24 * time.Hour})
-		rmq.Topology.Bind(endpoint.Binding{Exchange: "audit", Queue: "audit-archive"})
-		rmq.Topology.Bind(endpoint.Binding{Exchange: "ShipmentDispatched", ToExchange: "audit"})
-	}))
-	// snippet:end topology
-	_, _ = b, err
-}
-
-// Example_deadLetterExchange hands dead letters to an exchange of your own
-// instead of the "<name>_error" queue. It compiles but does not run under
-// go test.
-func Example_deadLetterExchange() {
-	handle := func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error { return nil }
-	amqpURL := "amqp://guest:guest@127.0.0.1:5672/"
-	// snippet:start dead-letter-exchange
-	b, err := bus.New(bus.WithRabbitMQ(amqpURL, func(rmq *endpoint.RabbitMQ) {
-		rmq.Topology.DeclareExchange(endpoint.Exchange{Name: "dead-letters", Kind: endpoint.DirectExchange})
-		rmq.Topology.DeclareQueue(endpoint.Queue{Name: "shipping-dead", Type: endpoint.Quorum})
-		rmq.Topology.Bind(endpoint.Binding{Exchange: "dead-letters", Queue: "shipping-dead", RoutingKey: "shipping"})
-		rmq.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, handle)
-			e.Queue.DeadLetterExchange = "dead-letters" // shipping_error takes what it routes nowhere
-			e.Queue.DeadLetterRoutingKey = "shipping"
-		})
-	}))
-	// snippet:end dead-letter-exchange
-	_, _ = b, err
 }

@@ -3,7 +3,7 @@
 //
 // # Usage
 //
-//	db, err := gormstore.OpenPostgres(dsn) // or gormstore.OpenSQLite("app.db")
+//	db, err := postgresdb.Open(dsn) // gormstore/postgresdb; or gormstore.OpenSQLite("app.db")
 //	store, err := gormstore.New(db)
 //	err = store.Migrate(ctx)
 //	inboxStore, outboxStore := store.Inbox(), store.Outbox()

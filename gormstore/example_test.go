@@ -15,7 +15,7 @@ import (
 // message in the same transaction.
 func Example() {
 	ctx := context.Background()
-	db, err := gormstore.OpenSQLite("") // gormstore.OpenPostgres(dsn) in production
+	db, err := gormstore.OpenSQLite("") // postgresdb.Open(dsn) in production
 	if err != nil {
 		log.Fatal(err)
 	}

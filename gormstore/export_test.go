@@ -22,3 +22,10 @@ func (o *Outbox) WatchStats() WatchStats {
 func (o *Outbox) SetWatchTiming(maxInterval, expiry time.Duration, maxPending int) {
 	o.watch.SetTiming(xactwatch.Config{MaxInterval: maxInterval, Expiry: expiry, MaxPending: maxPending})
 }
+
+// PgxConnError is Listen's verdict on a driver connection (what
+// database/sql's Conn.Raw hands it): nil for pgx's stdlib connection.
+func PgxConnError(dc any) error {
+	_, err := pgxConn(dc)
+	return err
+}

@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/inbox/inboxtest"
 	"github.com/barewire-go/barewire/outbox"
@@ -62,9 +63,9 @@ func postgresBackend(t *testing.T) backend {
 	if dsn == "" {
 		t.Skipf("PostgreSQL tests skipped: set %s (e.g. %q)", postgresDSNEnv, "host=127.0.0.1 user=postgres dbname=test sslmode=disable")
 	}
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
-		t.Fatalf("OpenPostgres: %v", err)
+		t.Fatalf("postgresdb.Open: %v", err)
 	}
 	t.Cleanup(func() { closeDB(t, db) })
 	return backend{name: "postgres", db: db, newStore: func(t *testing.T, opts ...gormstore.Option) (*gormstore.Store, *gorm.DB) {

@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-
 	"reflect"
 )
 
@@ -106,7 +105,11 @@ var (
 // methods Listen needs, with their signatures checked.
 func pgxConn(dc any) (*reflectedConn, error) {
 	bad := fmt.Errorf("gormstore: listen: need the pgx stdlib driver (gorm.io/driver/postgres's default), have %T", dc)
-	connM := reflect.ValueOf(dc).MethodByName("Conn")
+	v := reflect.ValueOf(dc)
+	if !v.IsValid() || (v.Kind() == reflect.Pointer && v.IsNil()) {
+		return nil, bad
+	}
+	connM := v.MethodByName("Conn")
 	if !connM.IsValid() || connM.Type().NumIn() != 0 || connM.Type().NumOut() != 1 {
 		return nil, bad
 	}

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -36,7 +37,7 @@ func benchStores(b *testing.B, fn func(b *testing.B, s *gormstore.Store, db *gor
 		if dsn == "" {
 			b.Skip("set BAREWIRE_TEST_POSTGRES_DSN to benchmark on PostgreSQL")
 		}
-		db, err := gormstore.OpenPostgres(dsn)
+		db, err := postgresdb.Open(dsn)
 		if err != nil {
 			b.Fatal(err)
 		}

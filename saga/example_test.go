@@ -10,6 +10,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/saga"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 // snippet:start example-types
@@ -49,9 +50,9 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	b, err := bus.New(bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b, err := bus.New(bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("tickets", func(e *endpoint.Endpoint) { saga.Register(e, m) })
-	}), bus.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	})), bus.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		panic(err)
 	}

@@ -18,10 +18,12 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/saga"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // Counter is the test saga: N counts the events applied to it.
@@ -100,7 +102,7 @@ func newWorld(t *testing.T, backend string, opts ...saga.Option) *world {
 		})
 	}
 	if backend != "sqlite" {
-		db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+		db, err := postgresdb.Open(testenv.PostgresDSN(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,12 +183,12 @@ func (w *world) declare(c *endpoint.Endpoints) {
 // start runs a bus on w's database (or its own embedded one) and migrates.
 func (w *world) start(t *testing.T) *bus.Bus {
 	t.Helper()
-	opts := []bus.Option{quiet(), bus.WithEndpoints(w.declare)}
+	opts := []bus.Option{quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) { w.declare(&c.Endpoints) }))}
 	if w.amqpURL != "" {
-		opts = []bus.Option{quiet(), bus.WithRabbitMQ(w.amqpURL, func(r *endpoint.RabbitMQ) { w.declare(&r.Endpoints) })}
+		opts = []bus.Option{quiet(), bus.WithTransport(rabbitmq.New(w.amqpURL, func(c *rabbitmq.Config) { w.declare(&c.Endpoints) }))}
 	}
 	if w.db != nil {
-		opts = append(opts, bus.WithOutbox(w.db, func(o *outbox.Options) { o.TablePrefix = w.prefix }))
+		opts = append(opts, bus.WithDatabase(w.db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = w.prefix }))
 	}
 	b, err := bus.New(opts...)
 	if err != nil {
@@ -554,10 +556,10 @@ func TestDefinitionErrors(t *testing.T) {
 // TestRegisterNilMachine: registering a nil machine is a configuration
 // error from bus.New, not a crash.
 func TestRegisterNilMachine(t *testing.T) {
-	_, err := bus.New(quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	_, err := bus.New(quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("sagas", func(e *endpoint.Endpoint) { saga.Register[Counter](e, nil) })
-	}))
-	if !errors.Is(err, endpoint.ErrInvalidConfig) || !strings.Contains(err.Error(), "machineIsNil") {
+	})))
+	if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), "machineIsNil") {
 		t.Errorf("bus.New: %v", err)
 	}
 }
@@ -610,7 +612,7 @@ func TestBehaviorChoice(t *testing.T) {
 		t.Fatal(err)
 	}
 	faults := make(chan string, 4)
-	b, err := bus.New(quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b, err := bus.New(quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("tally", func(e *endpoint.Endpoint) {
 			saga.Register(e, m)
 			e.ConcurrentMessageLimit, e.PrefetchCount = 1, 1 // in order
@@ -621,7 +623,7 @@ func TestBehaviorChoice(t *testing.T) {
 				return nil
 			})
 		})
-	}))
+	})))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,7 +176,7 @@ type Transport struct {
 // gorm.io/driver/postgres (the pgx driver). configure declares the receive
 // endpoints and sets the transport's options; it runs once, now. New does
 // no I/O and reports nothing: the bus's New reports every mistake when it
-// builds the transport. Unless bus.WithOutbox chooses another database, the
+// builds the transport. Unless bus.WithDatabase chooses another database, the
 // bus keeps its inbox and outbox in db too (see Database). A Transport
 // serves one bus.
 func New(db *gorm.DB, configure func(c *Config)) *Transport {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
@@ -43,7 +44,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	dsn := testenv.PostgresDSN(t)
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +503,7 @@ func TestPostgresDeliverTx(t *testing.T) {
 	m.Ack()
 
 	// A transaction on another pool cannot carry the transport's rows.
-	other, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+	other, err := postgresdb.Open(testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +581,7 @@ func BenchmarkPostgresTransportThroughput(b *testing.B) {
 
 func benchThroughput(b *testing.B, batch, consumers int, prefill bool) {
 	dsn := testenv.PostgresDSN(b)
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
