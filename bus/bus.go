@@ -244,6 +244,10 @@ func (b *Bus) InboxStore() inbox.Store { return b.inboxSt }
 // the embedded default).
 func (b *Bus) OutboxStore() outbox.Store { return b.outboxSt }
 
+// Logger returns the bus's logger (WithLogger, else slog.Default()), for
+// packages that log on the bus's behalf, such as admin's audit lines.
+func (b *Bus) Logger() *slog.Logger { return b.log }
+
 // Start opens the embedded database if none was given, creates the tables
 // (unless DisableAutoMigrate), connects the transport, declares the
 // topology, and starts the endpoints, the relay and the cleanup loops. ctx

@@ -95,6 +95,12 @@ func (b *Bus) Transaction(ctx context.Context, fn func(tx *gorm.DB) error) error
 	return err
 }
 
+// WakeRelay makes the outbox relay look for pending rows now rather than at
+// its next poll, for code that makes rows pending outside Publish and
+// Transaction (re-queuing parked rows through OutboxStore, say). It does
+// nothing while the relay is not running.
+func (b *Bus) WakeRelay() { b.wake() }
+
 func (b *Bus) wake() {
 	// Not b.mu: Stop holds it while it waits for the consumers that call this.
 	if r := b.wakeRelay.Load(); r != nil {

@@ -12,6 +12,14 @@
 // is set with WithTablePrefix). Teams that run their own migration tool can
 // take the same SQL from MigrationSQL or from the files under migrations/.
 //
+// # Operations
+//
+// Beyond the interfaces, Inbox.ForceRelease drops a stuck inbox lock
+// whatever its token (the admin package's POST /inbox/release). Every
+// statement on the inbox and outbox tables is in this package, with
+// parameters for all values: the only identifiers built into the SQL are
+// the table names, from the validated prefix.
+//
 // # Transactions
 //
 // The outbox writes in the caller's transaction, which it finds in the

@@ -415,6 +415,55 @@ func TestProcessAndLockTakesOverAbandoned(t *testing.T) {
 	})
 }
 
+// TestInboxForceRelease: an operator drops a lock whatever its token; the
+// next delivery takes the entry at once and the old holder cannot commit.
+// Only locked, unprocessed entries are released, and only the one key.
+func TestInboxForceRelease(t *testing.T) {
+	backends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		s, _ := b.newStore(t)
+		in := s.Inbox()
+		k := inbox.Key{MessageID: "stuck", ConsumerType: "billing"}
+		other := inbox.Key{MessageID: "stuck", ConsumerType: "audit"}
+		stuck, err := in.TryLock(ctx, k, time.Hour)
+		if err != nil || stuck.State != inbox.Acquired {
+			t.Fatalf("TryLock = %+v, %v", stuck, err)
+		}
+		if l, err := in.TryLock(ctx, other, time.Hour); err != nil || l.State != inbox.Acquired {
+			t.Fatalf("TryLock other = %+v, %v", l, err)
+		}
+		if ok, err := in.ForceRelease(ctx, inbox.Key{MessageID: "nope", ConsumerType: "billing"}); ok || err != nil {
+			t.Errorf("ForceRelease of a missing entry = %v, %v; want false, nil", ok, err)
+		}
+		if ok, err := in.ForceRelease(ctx, k); !ok || err != nil {
+			t.Fatalf("ForceRelease = %v, %v; want true", ok, err)
+		}
+		if ok, err := in.ForceRelease(ctx, k); ok || err != nil {
+			t.Errorf("second ForceRelease = %v, %v; want false (no lock left)", ok, err)
+		}
+		if l, err := in.TryLock(ctx, other, time.Hour); err != nil || l.State != inbox.Busy {
+			t.Errorf("TryLock other after the release = %+v, %v; want it still busy", l, err)
+		}
+		next, err := in.TryLock(ctx, k, time.Hour)
+		if err != nil || next.State != inbox.Acquired {
+			t.Fatalf("TryLock after ForceRelease = %+v, %v; want acquired at once", next, err)
+		}
+		if err := in.Process(ctx, k, stuck.Token, func(context.Context) error { return nil }); !errors.Is(err, inbox.ErrLockLost) {
+			t.Errorf("Process with the released token = %v; want ErrLockLost", err)
+		}
+		if err := in.Process(ctx, k, next.Token, func(context.Context) error { return nil }); err != nil {
+			t.Fatalf("Process with the new token: %v", err)
+		}
+		if ok, err := in.ForceRelease(ctx, k); ok || err != nil {
+			t.Errorf("ForceRelease of a processed entry = %v, %v; want false", ok, err)
+		}
+		es, err := in.List(ctx, inbox.Query{MessageID: k.MessageID, ConsumerType: k.ConsumerType})
+		if err != nil || len(es) != 1 || es[0].ProcessedAt == nil || es[0].Attempts != 2 {
+			t.Errorf("entry after = %+v, %v; want processed, 2 attempts (the release keeps the count)", es, err)
+		}
+	})
+}
+
 func TestTxContext(t *testing.T) {
 	ctx := context.Background()
 	if _, ok := gormstore.TxFromContext(ctx); ok {

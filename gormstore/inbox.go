@@ -23,6 +23,7 @@ type Inbox struct {
 	markSQL           string
 	processAndLockSQL string
 	releaseSQL        string
+	forceReleaseSQL   string
 	cleanupSQL        string
 	statsSQL          string
 	listSQL           string
@@ -90,6 +91,8 @@ WHERE ` + lockable)
 	// would lose it) while the NULL token makes the row lockable at once.
 	in.releaseSQL = s.query(`UPDATE {inbox} SET lock_token = NULL, expires_at = {now}
 WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`)
+	in.forceReleaseSQL = s.query(`UPDATE {inbox} SET lock_token = NULL, expires_at = {now}
+WHERE message_id = ? AND consumer_type = ? AND processed_at IS NULL AND lock_token IS NOT NULL`)
 	const cleanupWhere = `(processed_at IS NOT NULL AND processed_at < {now+?})
    OR (processed_at IS NULL AND expires_at < {now+?})`
 	if s.dialect.name == DialectPostgres {
@@ -228,6 +231,20 @@ func (in *Inbox) Release(ctx context.Context, key inbox.Key, token string) error
 		return fmt.Errorf("gormstore: inbox release %s/%s: %w", key.MessageID, key.ConsumerType, err)
 	}
 	return nil
+}
+
+// ForceRelease drops the lock of the unprocessed entry key whatever its
+// token, so that the next delivery can take it at once: the operator's way
+// out of a lock left by a delivery that will never finish. It reports
+// whether a locked, unprocessed entry was found. The holder, should it be
+// still running, can no longer commit: its processed mark is guarded by its
+// token. Not part of inbox.Store (Release needs the holder's token).
+func (in *Inbox) ForceRelease(ctx context.Context, key inbox.Key) (bool, error) {
+	res := in.s.db.WithContext(ctx).Exec(in.forceReleaseSQL, key.MessageID, key.ConsumerType)
+	if res.Error != nil {
+		return false, fmt.Errorf("gormstore: inbox force release %s/%s: %w", key.MessageID, key.ConsumerType, res.Error)
+	}
+	return res.RowsAffected > 0, nil
 }
 
 // Cleanup implements inbox.Store.

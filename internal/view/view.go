@@ -1,5 +1,5 @@
 // Package view holds the JSON shapes of inbox entries and outbox rows that
-// the admin HTTP API (bus.AdminHandler) and the barewire command print, so
+// the admin HTTP API (package admin) and the barewire command print, so
 // that both show the same fields with the same names and states.
 package view
 

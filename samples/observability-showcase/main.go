@@ -45,6 +45,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/admin"
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/samples/internal/sample"
@@ -206,7 +207,7 @@ func (a *app) routes() *http.ServeMux {
 	})
 	// snippet:start routes
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.tel.registry, promhttp.HandlerOpts{}))
-	mux.Handle("/admin/", http.StripPrefix("/admin", a.b.AdminHandler())) // read-only
+	mux.Handle("/admin/", http.StripPrefix("/admin", admin.Handler(a.b))) // read-only
 	// (sample.Serve mounts b.HealthHandler() on /health, /health/live and /health/ready.)
 	// snippet:end routes
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, a.b.Stats()) })

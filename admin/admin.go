@@ -1,4 +1,4 @@
-package bus
+package admin
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
@@ -22,57 +24,48 @@ import (
 	"github.com/barewire-go/barewire/outbox"
 )
 
-// AdminOption configures AdminHandler.
-type AdminOption func(*adminConfig)
+// Option configures Handler.
+type Option func(*config)
 
-type adminConfig struct {
+type config struct {
 	allowActions bool
 }
 
-// AdminAllowActions enables the admin handler's write actions (POST
-// outbox/requeue and inbox/release). Without it the handler is read-only
-// and answers them with 403.
-func AdminAllowActions() AdminOption {
-	return func(c *adminConfig) { c.allowActions = true }
+// AllowActions enables the handler's write actions (POST outbox/requeue and
+// inbox/release). Without it the handler is read-only and answers them
+// with 403.
+func AllowActions() Option {
+	return func(c *config) { c.allowActions = true }
 }
 
-// Admin paging limits.
+// Paging limits.
 const (
-	adminDefaultLimit = 50
-	adminMaxLimit     = 1000
+	defaultLimit = 50
+	maxLimit     = 1000
 )
 
-// AdminHandler returns an HTTP handler for inspecting the bus, JSON
-// everywhere. It routes on paths relative to where it is mounted, so mount
-// it under any prefix with http.StripPrefix:
+// Handler returns an HTTP handler for inspecting b, JSON everywhere. It
+// routes on paths relative to where it is mounted, so mount it under any
+// prefix with http.StripPrefix:
 //
-//	mux.Handle("/admin/", http.StripPrefix("/admin", b.AdminHandler()))
+//	mux.Handle("/admin/", http.StripPrefix("/admin", admin.Handler(b)))
 //
-// Read-only routes:
-//
-//	GET  /            the route list
-//	GET  /endpoints   endpoints: consumers and message types, prefetch, concurrency, retry policy, inbox mode
-//	GET  /stats       bus counters, outbox and inbox counts
-//	GET  /inbox       inbox entries, newest first; ?messageId= &consumerType= &processed=true|false &limit= &offset=
-//	GET  /outbox      outbox rows, oldest first; ?status=pending|parked|delivered &afterId= &limit=
-//	GET  /outbox/{id} one outbox row
-//
-// Actions, only with AdminAllowActions (bodies are JSON, sent with
-// Content-Type: application/json):
-//
-//	POST /outbox/requeue  {"ids":[1,2]} or {"allParked":true}: parked rows back to pending
-//	POST /inbox/release   {"messageId":"…","consumerType":"…"}: drop a stuck inbox lock
-//
-// Payloads are never shown (only their size). The handler does no
-// authentication: put it behind the application's own.
-func (b *Bus) AdminHandler(opts ...AdminOption) http.Handler {
-	var cfg adminConfig
+// The routes are listed in the package documentation. The stores are read
+// on each request: before b.Start the routes that need them answer 503.
+// Actions are logged at info through b.Logger().
+func Handler(b *bus.Bus, opts ...Option) http.Handler {
+	if b == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusInternalServerError, errors.New("admin: Handler was given a nil *bus.Bus"))
+		})
+	}
+	var cfg config
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
 		}
 	}
-	a := &admin{b: b, cfg: cfg}
+	a := &handler{b: b, cfg: cfg, log: b.Logger()}
 	mux := http.NewServeMux()
 	routes := []struct {
 		method, path string
@@ -96,10 +89,10 @@ func (b *Bus) AdminHandler(opts ...AdminOption) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if methods, ok := allowed[r.URL.Path]; ok {
 			w.Header().Set("Allow", strings.Join(methods, ", "))
-			adminError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: method not allowed (use %s)", r.Method, r.URL.Path, strings.Join(methods, " or ")))
+			writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: method not allowed (use %s)", r.Method, r.URL.Path, strings.Join(methods, " or ")))
 			return
 		}
-		adminError(w, http.StatusNotFound, fmt.Errorf("%s: no such admin route; GET / lists them", r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Errorf("%s: no such admin route; GET / lists them", r.URL.Path))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// http.StripPrefix("/admin/", …) leaves "inbox"; "/admin" leaves "".
@@ -116,12 +109,13 @@ func (b *Bus) AdminHandler(opts ...AdminOption) http.Handler {
 	})
 }
 
-type admin struct {
-	b   *Bus
-	cfg adminConfig
+type handler struct {
+	b   *bus.Bus
+	cfg config
+	log *slog.Logger
 }
 
-func adminJSON(w http.ResponseWriter, status int, v any) {
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
@@ -130,45 +124,45 @@ func adminJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-func adminError(w http.ResponseWriter, status int, err error) {
-	adminJSON(w, status, map[string]string{"error": err.Error()})
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
 }
 
 // stores returns the stores, or answers 503 before Start.
-func (a *admin) stores(w http.ResponseWriter) (inbox.Store, outbox.Store, bool) {
+func (a *handler) stores(w http.ResponseWriter) (inbox.Store, outbox.Store, bool) {
 	in, out := a.b.InboxStore(), a.b.OutboxStore()
 	if in == nil || out == nil {
-		adminError(w, http.StatusServiceUnavailable, ErrNotStarted)
+		writeError(w, http.StatusServiceUnavailable, bus.ErrNotStarted)
 		return nil, nil, false
 	}
 	return in, out, true
 }
 
-func (a *admin) index(w http.ResponseWriter, r *http.Request) {
+func (a *handler) index(w http.ResponseWriter, r *http.Request) {
 	routes := []string{"GET /endpoints", "GET /stats", "GET /inbox", "GET /outbox", "GET /outbox/{id}"}
 	actions := []string{"POST /outbox/requeue", "POST /inbox/release"}
-	adminJSON(w, http.StatusOK, map[string]any{"routes": routes, "actions": actions, "actionsEnabled": a.cfg.allowActions})
+	writeJSON(w, http.StatusOK, map[string]any{"routes": routes, "actions": actions, "actionsEnabled": a.cfg.allowActions})
 }
 
 // ---- endpoints ----
 
-type adminEndpoint struct {
-	Name                   string          `json:"name"`
-	Consumers              []adminConsumer `json:"consumers"`
-	MessageTypes           []string        `json:"messageTypes"`
-	PrefetchCount          int             `json:"prefetchCount"`
-	ConcurrentMessageLimit int             `json:"concurrentMessageLimit"`
-	Retry                  adminRetry      `json:"retry"`
-	Redelivery             []string        `json:"redelivery,omitempty"`
-	Inbox                  string          `json:"inbox"`
-	MissingMessageID       string          `json:"missingMessageId"`
-	HandlerTimeout         string          `json:"handlerTimeout,omitempty"`
-	ErrorQueue             string          `json:"errorQueue"`
-	QueueType              string          `json:"queueType,omitempty"`
-	Bindings               []adminBinding  `json:"bindings,omitempty"`
+type endpointView struct {
+	Name                   string         `json:"name"`
+	Consumers              []consumerView `json:"consumers"`
+	MessageTypes           []string       `json:"messageTypes"`
+	PrefetchCount          int            `json:"prefetchCount"`
+	ConcurrentMessageLimit int            `json:"concurrentMessageLimit"`
+	Retry                  retryView      `json:"retry"`
+	Redelivery             []string       `json:"redelivery,omitempty"`
+	Inbox                  string         `json:"inbox"`
+	MissingMessageID       string         `json:"missingMessageId"`
+	HandlerTimeout         string         `json:"handlerTimeout,omitempty"`
+	ErrorQueue             string         `json:"errorQueue"`
+	QueueType              string         `json:"queueType,omitempty"`
+	Bindings               []bindingView  `json:"bindings,omitempty"`
 }
 
-type adminConsumer struct {
+type consumerView struct {
 	Name        string   `json:"name"`
 	MessageType string   `json:"messageType,omitempty"`
 	Types       []string `json:"types,omitempty"`
@@ -176,7 +170,7 @@ type adminConsumer struct {
 	Raw         bool     `json:"raw,omitempty"`
 }
 
-type adminRetry struct {
+type retryView struct {
 	Kind                string  `json:"kind"`
 	Retries             int     `json:"retries"`
 	Interval            string  `json:"interval,omitempty"`
@@ -187,7 +181,7 @@ type adminRetry struct {
 	CustomFilter        bool    `json:"customFilter,omitempty"`
 }
 
-type adminBinding struct {
+type bindingView struct {
 	Exchange   string `json:"exchange"`
 	RoutingKey string `json:"routingKey,omitempty"`
 }
@@ -227,13 +221,13 @@ func inboxMode(m endpoint.InboxMode) string {
 	return strconv.Itoa(int(m))
 }
 
-func describeEndpoint(ep *endpoint.Endpoint) adminEndpoint {
-	e := adminEndpoint{
+func describeEndpoint(ep *endpoint.Endpoint) endpointView {
+	e := endpointView{
 		Name:                   ep.Name(),
 		MessageTypes:           ep.MessageTypes(),
 		PrefetchCount:          ep.PrefetchCount,
 		ConcurrentMessageLimit: ep.ConcurrentMessageLimit,
-		Retry: adminRetry{
+		Retry: retryView{
 			Kind: retryKind(ep.Retry.Kind), Retries: ep.Retry.Retries,
 			Interval: durString(ep.Retry.Interval), Increment: durString(ep.Retry.Increment),
 			MaxInterval: durString(ep.Retry.MaxInterval), Multiplier: ep.Retry.Multiplier,
@@ -255,29 +249,29 @@ func describeEndpoint(ep *endpoint.Endpoint) adminEndpoint {
 		e.Redelivery = append(e.Redelivery, d.String())
 	}
 	for _, r := range ep.Consumers() {
-		c := adminConsumer{Name: r.Name, MessageType: r.MessageType, Types: r.Types, Raw: r.GoType == nil}
+		c := consumerView{Name: r.Name, MessageType: r.MessageType, Types: r.Types, Raw: r.GoType == nil}
 		if r.GoType != nil {
 			c.GoType = r.GoType.String()
 		}
 		e.Consumers = append(e.Consumers, c)
 	}
 	for _, bd := range ep.Bindings {
-		e.Bindings = append(e.Bindings, adminBinding{Exchange: bd.Exchange, RoutingKey: bd.RoutingKey})
+		e.Bindings = append(e.Bindings, bindingView{Exchange: bd.Exchange, RoutingKey: bd.RoutingKey})
 	}
 	return e
 }
 
-func (a *admin) endpoints(w http.ResponseWriter, r *http.Request) {
-	out := []adminEndpoint{}
+func (a *handler) endpoints(w http.ResponseWriter, r *http.Request) {
+	out := []endpointView{}
 	for _, ep := range a.b.Endpoints() {
 		out = append(out, describeEndpoint(ep))
 	}
-	adminJSON(w, http.StatusOK, map[string]any{"endpoints": out})
+	writeJSON(w, http.StatusOK, map[string]any{"endpoints": out})
 }
 
 // ---- stats ----
 
-type adminOutboxStats struct {
+type outboxStats struct {
 	Pending                 int64      `json:"pending"`
 	Parked                  int64      `json:"parked"`
 	Delivered               int64      `json:"delivered"`
@@ -285,37 +279,37 @@ type adminOutboxStats struct {
 	OldestPendingAgeSeconds float64    `json:"oldestPendingAgeSeconds"`
 }
 
-type adminInboxStats struct {
+type inboxStats struct {
 	Processed int64 `json:"processed"`
 	Locked    int64 `json:"locked"`
 	Expired   int64 `json:"expired"`
 }
 
-func (a *admin) stats(w http.ResponseWriter, r *http.Request) {
+func (a *handler) stats(w http.ResponseWriter, r *http.Request) {
 	in, out, ok := a.stores(w)
 	if !ok {
 		return
 	}
 	ost, err := out.Stats(r.Context())
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	is, err := in.Stats(r.Context())
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	o := adminOutboxStats{Pending: ost.Pending, Parked: ost.Parked, Delivered: ost.Delivered}
+	o := outboxStats{Pending: ost.Pending, Parked: ost.Parked, Delivered: ost.Delivered}
 	if !ost.OldestPending.IsZero() {
 		t := ost.OldestPending.UTC()
 		o.OldestPending = &t
 		o.OldestPendingAgeSeconds = max(time.Since(t).Seconds(), 0)
 	}
-	adminJSON(w, http.StatusOK, map[string]any{
+	writeJSON(w, http.StatusOK, map[string]any{
 		"bus":    lowerFields(a.b.Stats()),
 		"outbox": o,
-		"inbox":  adminInboxStats{Processed: is.Processed, Locked: is.Locked, Expired: is.Expired},
+		"inbox":  inboxStats{Processed: is.Processed, Locked: is.Locked, Expired: is.Expired},
 	})
 }
 
@@ -350,41 +344,41 @@ func queryInt(r *http.Request, name string, def, lo, hi int) (int, error) {
 	return n, nil
 }
 
-func (a *admin) inboxList(w http.ResponseWriter, r *http.Request) {
+func (a *handler) inboxList(w http.ResponseWriter, r *http.Request) {
 	in, _, ok := a.stores(w)
 	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	limit, err := queryInt(r, "limit", adminDefaultLimit, 1, adminMaxLimit)
+	limit, err := queryInt(r, "limit", defaultLimit, 1, maxLimit)
 	if err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	offset, err := queryInt(r, "offset", 0, 0, 1<<31-1)
 	if err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	iq := inbox.Query{MessageID: q.Get("messageId"), ConsumerType: q.Get("consumerType"), Offset: offset, Limit: limit}
 	if p := q.Get("processed"); p != "" {
 		v, err := strconv.ParseBool(p)
 		if err != nil {
-			adminError(w, http.StatusBadRequest, fmt.Errorf("processed=%q: want true or false", p))
+			writeError(w, http.StatusBadRequest, fmt.Errorf("processed=%q: want true or false", p))
 			return
 		}
 		iq.Processed = &v
 	}
 	entries, err := in.List(r.Context(), iq)
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	resp := map[string]any{"entries": view.Inboxes(entries, time.Now()), "limit": limit, "offset": offset}
 	if len(entries) == limit {
 		resp["nextOffset"] = offset + limit
 	}
-	adminJSON(w, http.StatusOK, resp)
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // ---- outbox ----
@@ -397,74 +391,74 @@ func parseStatus(s string) (outbox.Status, error) {
 	return "", fmt.Errorf("status=%q: want pending, parked or delivered", s)
 }
 
-func (a *admin) outboxList(w http.ResponseWriter, r *http.Request) {
+func (a *handler) outboxList(w http.ResponseWriter, r *http.Request) {
 	_, out, ok := a.stores(w)
 	if !ok {
 		return
 	}
 	status, err := parseStatus(r.URL.Query().Get("status"))
 	if err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	limit, err := queryInt(r, "limit", adminDefaultLimit, 1, adminMaxLimit)
+	limit, err := queryInt(r, "limit", defaultLimit, 1, maxLimit)
 	if err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	var after int64
 	if s := r.URL.Query().Get("afterId"); s != "" {
 		if after, err = strconv.ParseInt(s, 10, 64); err != nil || after < 0 {
-			adminError(w, http.StatusBadRequest, fmt.Errorf("afterId=%q: want a non-negative integer", s))
+			writeError(w, http.StatusBadRequest, fmt.Errorf("afterId=%q: want a non-negative integer", s))
 			return
 		}
 	}
 	msgs, err := out.List(r.Context(), outbox.Query{Status: status, AfterID: after, Limit: limit})
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	resp := map[string]any{"rows": view.Outboxes(msgs), "limit": limit}
 	if len(msgs) == limit {
 		resp["nextAfterId"] = msgs[len(msgs)-1].ID
 	}
-	adminJSON(w, http.StatusOK, resp)
+	writeJSON(w, http.StatusOK, resp)
 }
 
-func (a *admin) outboxShow(w http.ResponseWriter, r *http.Request) {
+func (a *handler) outboxShow(w http.ResponseWriter, r *http.Request) {
 	_, out, ok := a.stores(w)
 	if !ok {
 		return
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
-		adminError(w, http.StatusBadRequest, fmt.Errorf("outbox id %q: want a positive integer", r.PathValue("id")))
+		writeError(w, http.StatusBadRequest, fmt.Errorf("outbox id %q: want a positive integer", r.PathValue("id")))
 		return
 	}
 	msgs, err := out.List(r.Context(), outbox.Query{AfterID: id - 1, Limit: 1})
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
 	if len(msgs) == 0 || msgs[0].ID != id {
-		adminError(w, http.StatusNotFound, fmt.Errorf("outbox row %d not found (delivered rows are deleted after their retention)", id))
+		writeError(w, http.StatusNotFound, fmt.Errorf("outbox row %d not found (delivered rows are deleted after their retention)", id))
 		return
 	}
-	adminJSON(w, http.StatusOK, view.Outbox(msgs[0]))
+	writeJSON(w, http.StatusOK, view.Outbox(msgs[0]))
 }
 
 // ---- actions ----
 
 // action guards a write route: actions enabled, and a JSON body (which a
 // cross-site form cannot send without a CORS preflight).
-func (a *admin) action(h http.HandlerFunc) http.HandlerFunc {
+func (a *handler) action(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !a.cfg.allowActions {
-			adminError(w, http.StatusForbidden, errors.New("admin actions are disabled; enable them with bus.AdminHandler(bus.AdminAllowActions())"))
+			writeError(w, http.StatusForbidden, errors.New("admin actions are disabled; enable them with admin.Handler(b, admin.AllowActions())"))
 			return
 		}
 		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-			adminError(w, http.StatusUnsupportedMediaType, errors.New("send the action's body as JSON with Content-Type: application/json"))
+			writeError(w, http.StatusUnsupportedMediaType, errors.New("send the action's body as JSON with Content-Type: application/json"))
 			return
 		}
 		h(w, r)
@@ -488,30 +482,30 @@ type requeueRequest struct {
 	AllParked bool    `json:"allParked"`
 }
 
-func (a *admin) outboxRequeue(w http.ResponseWriter, r *http.Request) {
+func (a *handler) outboxRequeue(w http.ResponseWriter, r *http.Request) {
 	_, out, ok := a.stores(w)
 	if !ok {
 		return
 	}
 	var req requeueRequest
 	if err := readBody(w, r, &req); err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	if req.AllParked == (len(req.IDs) > 0) {
-		adminError(w, http.StatusBadRequest, errors.New(`give either "ids" (parked rows to requeue) or "allParked": true`))
+		writeError(w, http.StatusBadRequest, errors.New(`give either "ids" (parked rows to requeue) or "allParked": true`))
 		return
 	}
 	n, err := out.Requeue(r.Context(), req.IDs)
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	a.b.log.InfoContext(r.Context(), "admin: parked outbox rows requeued", "requeued", n, "ids", len(req.IDs), "all_parked", req.AllParked, "remote_addr", r.RemoteAddr)
+	a.log.InfoContext(r.Context(), "admin: parked outbox rows requeued", "requeued", n, "ids", len(req.IDs), "all_parked", req.AllParked, "remote_addr", r.RemoteAddr)
 	if n > 0 {
-		a.b.wake()
+		a.b.WakeRelay()
 	}
-	adminJSON(w, http.StatusOK, map[string]int{"requeued": n})
+	writeJSON(w, http.StatusOK, map[string]int{"requeued": n})
 }
 
 type releaseRequest struct {
@@ -519,50 +513,43 @@ type releaseRequest struct {
 	ConsumerType string `json:"consumerType"`
 }
 
-func (a *admin) inboxRelease(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := a.stores(w); !ok {
+func (a *handler) inboxRelease(w http.ResponseWriter, r *http.Request) {
+	in, _, ok := a.stores(w)
+	if !ok {
+		return
+	}
+	fr, ok := in.(forceReleaser)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, fmt.Errorf("the bus's inbox store (%T) cannot release a lock without its token", in))
 		return
 	}
 	var req releaseRequest
 	if err := readBody(w, r, &req); err != nil {
-		adminError(w, http.StatusBadRequest, err)
+		writeError(w, http.StatusBadRequest, err)
 		return
 	}
 	if req.MessageID == "" || req.ConsumerType == "" {
-		adminError(w, http.StatusBadRequest, errors.New(`"messageId" and "consumerType" are required`))
+		writeError(w, http.StatusBadRequest, errors.New(`"messageId" and "consumerType" are required`))
 		return
 	}
-	n, err := a.b.forceReleaseInbox(r.Context(), inbox.Key{MessageID: req.MessageID, ConsumerType: req.ConsumerType})
+	released, err := fr.ForceRelease(r.Context(), inbox.Key{MessageID: req.MessageID, ConsumerType: req.ConsumerType})
 	if err != nil {
-		adminError(w, http.StatusInternalServerError, err)
+		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	if n == 0 {
-		adminError(w, http.StatusNotFound, fmt.Errorf("no locked, unprocessed inbox entry %s/%s", req.MessageID, req.ConsumerType))
+	if !released {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no locked, unprocessed inbox entry %s/%s", req.MessageID, req.ConsumerType))
 		return
 	}
-	a.b.log.InfoContext(r.Context(), "admin: inbox lock released", "message_id", req.MessageID, "consumer_type", req.ConsumerType, "remote_addr", r.RemoteAddr)
-	adminJSON(w, http.StatusOK, map[string]int64{"released": n})
+	a.log.InfoContext(r.Context(), "admin: inbox lock released", "message_id", req.MessageID, "consumer_type", req.ConsumerType, "remote_addr", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, map[string]int{"released": 1})
 }
 
-// forceReleaseInbox drops the lock of an unprocessed inbox entry whatever
-// its token, so that the next delivery can take it at once. inbox.Store
-// has no such method (Release needs the holder's token), so this is SQL on
-// the store's table. A delivery still holding the lock cannot commit
-// afterwards: its processed mark is guarded by its token.
-func (b *Bus) forceReleaseInbox(ctx context.Context, key inbox.Key) (int64, error) {
-	if b.store == nil || b.db == nil {
-		return 0, ErrNotStarted
-	}
-	now := "now()"
-	if b.store.Dialect() == gormstore.DialectSQLite {
-		now = "strftime('%Y-%m-%d %H:%M:%f', 'now')" // the stored form
-	}
-	// The table name is built from the validated prefix, never from input.
-	res := b.db.WithContext(ctx).Exec(`UPDATE `+b.store.TablePrefix()+`inbox SET lock_token = NULL, expires_at = `+now+`
-WHERE message_id = ? AND consumer_type = ? AND processed_at IS NULL AND lock_token IS NOT NULL`, key.MessageID, key.ConsumerType)
-	if res.Error != nil {
-		return 0, fmt.Errorf("bus: release inbox lock %s/%s: %w", key.MessageID, key.ConsumerType, res.Error)
-	}
-	return res.RowsAffected, nil
+// forceReleaser is what inbox/release needs beyond inbox.Store: dropping a
+// lock whatever its token (inbox.Store's Release needs the holder's).
+type forceReleaser interface {
+	ForceRelease(ctx context.Context, key inbox.Key) (bool, error)
 }
+
+// The bus's inbox store is gormstore's.
+var _ forceReleaser = (*gormstore.Inbox)(nil)

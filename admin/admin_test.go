@@ -1,25 +1,33 @@
-package bus_test
+package admin_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"go.uber.org/goleak"
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/admin"
 	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type AdminInvoice struct {
 	Number string `json:"number"`
@@ -51,8 +59,8 @@ func mounted(h http.Handler) http.Handler {
 	return mux
 }
 
-func adminBus(t *testing.T, opts ...bus.Option) *bus.Bus {
-	return start(t, append([]bus.Option{quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+func endpoints() bus.Option {
+	return bus.WithEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("adm-billing", func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = 2
 			e.Retry = endpoint.Interval(4, 250*time.Millisecond)
@@ -62,13 +70,50 @@ func adminBus(t *testing.T, opts ...bus.Option) *bus.Bus {
 		c.ReceiveEndpoint("adm-audit", func(e *endpoint.Endpoint) {
 			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { return nil }, endpoint.ForTypes("AdminInvoice"))
 		})
-	})}, opts...)...)
+	})
+}
+
+// adminBus starts a bus with the two endpoints above, stopped (and checked
+// for leaked goroutines) when the test ends.
+func adminBus(t *testing.T, opts ...bus.Option) *bustest.Harness {
+	return bustest.New(t, append([]bus.Option{endpoints()}, opts...)...)
+}
+
+// waitFor polls cond: used only where no signal exists (database state).
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// syncBuffer collects log output written from the bus's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func TestAdminReadOnlyRoutes(t *testing.T) {
 	t.Parallel()
-	b := adminBus(t)
-	h := mounted(b.AdminHandler())
+	hr := adminBus(t)
+	b := hr.Bus
+	h := mounted(admin.Handler(b))
 	ctx := context.Background()
 	for i := range 3 {
 		if err := b.Transaction(ctx, func(tx *gorm.DB) error {
@@ -77,8 +122,8 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 6 })
-	drain(t, b)
+	bustest.ConsumedN[AdminInvoice](hr, 6) // 3 messages, 2 endpoints
+	hr.WaitIdle()
 
 	code, idx := adminCall(t, h, "GET", "/admin/", "")
 	if code != 200 || idx["actionsEnabled"] != false {
@@ -98,7 +143,7 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 	if r := billing["retry"].(map[string]any); r["kind"] != "interval" || r["retries"] != 4.0 || r["interval"] != "250ms" {
 		t.Errorf("retry = %v", r)
 	}
-	if c := billing["consumers"].([]any)[0].(map[string]any); c["messageType"] != "AdminInvoice" || c["goType"] != "bus_test.AdminInvoice" {
+	if c := billing["consumers"].([]any)[0].(map[string]any); c["messageType"] != "AdminInvoice" || c["goType"] != "admin_test.AdminInvoice" {
 		t.Errorf("consumer = %v", c)
 	}
 	if a := list[1].(map[string]any); a["inbox"] != "two-phase" || a["consumers"].([]any)[0].(map[string]any)["raw"] != true {
@@ -175,19 +220,27 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 	}
 	// Mounted with a trailing-slash prefix, or at the root, it routes the same.
 	mux := http.NewServeMux()
-	mux.Handle("/ops/admin/", http.StripPrefix("/ops/admin/", b.AdminHandler()))
+	mux.Handle("/ops/admin/", http.StripPrefix("/ops/admin/", admin.Handler(b)))
 	if code, _ := adminCall(t, mux, "GET", "/ops/admin/stats", ""); code != 200 {
 		t.Errorf("under /ops/admin/ = %d", code)
 	}
-	if code, _ := adminCall(t, b.AdminHandler(), "GET", "/endpoints", ""); code != 200 {
+	if code, _ := adminCall(t, admin.Handler(b), "GET", "/endpoints", ""); code != 200 {
 		t.Errorf("at the root = %d", code)
 	}
 }
 
 func TestAdminActionsRequeueAndRelease(t *testing.T) {
 	t.Parallel()
-	b := adminBus(t, bus.WithOutboxOptions(func(o *outbox.Options) { o.MaxAttempts = 1 }))
+	logs := &syncBuffer{}
+	b := adminBus(t, bus.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
+		bus.WithOutboxOptions(func(o *outbox.Options) { o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
 	testAdminActions(t, b)
+	// Actions are audited through the bus's logger.
+	for _, want := range []string{"admin: parked outbox rows requeued", "admin: inbox lock released", "consumer_type=adm-billing"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
 }
 
 func TestAdminActionsOnPostgres(t *testing.T) {
@@ -205,12 +258,14 @@ func TestAdminActionsOnPostgres(t *testing.T) {
 			_ = sqlDB.Close()
 		}
 	})
-	b := adminBus(t, bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix; o.MaxAttempts = 1 }))
+	b := adminBus(t, bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix; o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
 	testAdminActions(t, b)
 }
 
+// testAdminActions runs on a bus whose relay polls once an hour: a requeued
+// row is attempted again at once only because the handler wakes the relay.
 func testAdminActions(t *testing.T, b *bus.Bus) {
-	h := mounted(b.AdminHandler(bus.AdminAllowActions()))
+	h := mounted(admin.Handler(b, admin.AllowActions()))
 	ctx := context.Background()
 
 	if code, idx := adminCall(t, h, "GET", "/admin/", ""); code != 200 || idx["actionsEnabled"] != true {
@@ -232,11 +287,16 @@ func testAdminActions(t *testing.T, b *bus.Bus) {
 		}
 		return false
 	})
+	// Let the relay's short re-checks after its last pass (about 200ms in
+	// all) run out: from then on only a wake-up makes it look again within
+	// the hour. Not a synchronisation: too short a pause only weakens the
+	// check of the wake-up below.
+	time.Sleep(400 * time.Millisecond)
 	code, res := adminCall(t, h, "POST", "/admin/outbox/requeue", fmt.Sprintf(`{"ids":[%d]}`, int64(parkedID)))
 	if code != 200 || res["requeued"] != 1.0 {
 		t.Fatalf("requeue by id = %d %v", code, res)
 	}
-	waitFor(t, func() bool { // it fails again and parks again
+	waitFor(t, func() bool { // woken, the relay tries it again at once: it fails and parks again
 		_, out := adminCall(t, h, "GET", "/admin/outbox?status=parked", "")
 		return len(out["rows"].([]any)) == 1
 	})
@@ -285,5 +345,30 @@ func testAdminActions(t *testing.T, b *bus.Bus) {
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusUnsupportedMediaType {
 		t.Errorf("form-encoded action = %d; want 415", rec.Code)
+	}
+}
+
+// Before Start there are no stores: the routes that read them answer 503,
+// the declarations are served already.
+func TestAdminBeforeStart(t *testing.T) {
+	t.Parallel()
+	b, err := bus.New(endpoints(), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := admin.Handler(b, admin.AllowActions())
+	if code, body := adminCall(t, h, "GET", "/endpoints", ""); code != 200 || len(body["endpoints"].([]any)) != 2 {
+		t.Errorf("endpoints before Start = %d %v", code, body)
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/stats", ""}, {"GET", "/inbox", ""}, {"GET", "/outbox", ""}, {"GET", "/outbox/1", ""},
+		{"POST", "/outbox/requeue", `{"allParked":true}`}, {"POST", "/inbox/release", `{"messageId":"a","consumerType":"b"}`},
+	} {
+		if code, body := adminCall(t, h, c.method, c.path, c.body); code != http.StatusServiceUnavailable || !strings.Contains(fmt.Sprint(body["error"]), "not started") {
+			t.Errorf("%s %s before Start = %d %v; want 503 saying the bus is not started", c.method, c.path, code, body)
+		}
+	}
+	if code, _ := adminCall(t, admin.Handler(nil), "GET", "/stats", ""); code != http.StatusInternalServerError {
+		t.Errorf("nil bus = %d; want 500", code)
 	}
 }
