@@ -48,7 +48,8 @@ type PostgresTransport struct {
 	// 1 minute; negative disables the check.
 	LongTransactionWarning time.Duration
 	// DisableAutoMigrate stops Start from creating the transport's tables;
-	// apply pgtransport's MigrationSQL with your own tool.
+	// apply pgtransport's migration files (or MigrationSQL) with your own
+	// tool. Start then checks that they exist and fails naming any missing.
 	DisableAutoMigrate bool
 }
 

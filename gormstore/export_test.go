@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"context"
 	"time"
 
 	"github.com/barewire-go/barewire/internal/xactwatch"
@@ -21,4 +22,10 @@ func (o *Outbox) WatchStats() WatchStats {
 // default. Call it before the first Add.
 func (o *Outbox) SetWatchTiming(maxInterval, expiry time.Duration, maxPending int) {
 	o.watch.SetTiming(xactwatch.Config{MaxInterval: maxInterval, Expiry: expiry, MaxPending: maxPending})
+}
+
+// SetServerVersionNum makes s take num for PostgreSQL's server_version_num
+// instead of asking the server.
+func (s *Store) SetServerVersionNum(num int) {
+	s.versionNum = func(context.Context) (int, error) { return num, nil }
 }
