@@ -249,7 +249,7 @@ func (b *Bus) OutboxStore() outbox.Store { return b.outboxSt }
 func (b *Bus) Logger() *slog.Logger { return b.log }
 
 // Start opens the embedded database if none was given, creates the tables
-// (unless DisableAutoMigrate), connects the transport, declares the
+// (with DisableAutoMigrate, checks that they exist), connects the transport, declares the
 // topology, and starts the endpoints, the relay and the cleanup loops. ctx
 // bounds start-up only.
 func (b *Bus) Start(ctx context.Context) (err error) {
@@ -283,6 +283,8 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		if err := b.store.Migrate(ctx); err != nil {
 			return fmt.Errorf("bus: create tables: %w", err)
 		}
+	} else if err := b.store.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("bus: check tables (outbox.Options.DisableAutoMigrate is set, so Start does not create them): %w", err)
 	}
 	if err := b.tr.Start(ctx, b.endpoints); err != nil {
 		return fmt.Errorf("bus: start transport: %w", err)

@@ -13,6 +13,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net/http"
@@ -664,31 +665,58 @@ func ExampleBus_OutboxStore() {
 	// requeued 1
 }
 
-func Example_outboxMigrationSQL() {
+func Example_outboxMigrationFiles() {
 	migrationsDir, err := os.MkdirTemp("", "migrations")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(migrationsDir)
-	// snippet:start migration-sql
-	script, err := gormstore.MigrationSQL(gormstore.DialectPostgres, "barewire_")
+	// snippet:start migration-files
+	// The bus's migration files, with the default prefix barewire_, go into
+	// your migrations folder under your own numbering; goose, Atlas and
+	// plain-SQL tools all run them as they are. Then start the bus with
+	// outbox.Options.DisableAutoMigrate set.
+	files, err := gormstore.Migrations(gormstore.DialectPostgres)
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Hand the script to your migration tool, then start the bus with
-	// outbox.Options.DisableAutoMigrate set.
-	if err := os.WriteFile(filepath.Join(migrationsDir, "0001_barewire.sql"), []byte(script), 0o644); err != nil {
+	initSQL, err := fs.ReadFile(files, "001_init.sql")
+	if err != nil {
 		log.Fatal(err)
 	}
-	// snippet:end migration-sql
-	for line := range strings.Lines(script) {
-		if strings.HasPrefix(line, "CREATE TABLE") {
+	if err := os.WriteFile(filepath.Join(migrationsDir, "20250601120000_barewire_init.sql"), initSQL, 0o644); err != nil {
+		log.Fatal(err)
+	}
+	// snippet:end migration-files
+	for line := range strings.Lines(string(initSQL)) {
+		if strings.HasPrefix(line, "-- +goose") || strings.HasPrefix(line, "CREATE TABLE") {
 			fmt.Print(line)
 		}
 	}
 	// Output:
+	// -- +goose Up
 	// CREATE TABLE IF NOT EXISTS barewire_inbox (
 	// CREATE TABLE IF NOT EXISTS barewire_outbox (
+}
+
+func Example_outboxMigrationSQL() {
+	// snippet:start migration-sql
+	// Another table prefix: the same statements, as one script (a goose
+	// migration too) for your tool.
+	script, err := gormstore.MigrationSQL(gormstore.DialectPostgres, "billing_")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// snippet:end migration-sql
+	for line := range strings.Lines(script) {
+		if strings.HasPrefix(line, "-- +goose") || strings.HasPrefix(line, "CREATE TABLE") {
+			fmt.Print(line)
+		}
+	}
+	// Output:
+	// -- +goose Up
+	// CREATE TABLE IF NOT EXISTS billing_inbox (
+	// CREATE TABLE IF NOT EXISTS billing_outbox (
 }
 
 // ---------------------------------------------------------------------------

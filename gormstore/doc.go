@@ -9,8 +9,21 @@
 //	inboxStore, outboxStore := store.Inbox(), store.Outbox()
 //
 // Migrate creates the tables barewire_inbox and barewire_outbox (the prefix
-// is set with WithTablePrefix). Teams that run their own migration tool can
-// take the same SQL from MigrationSQL or from the files under migrations/.
+// is set with WithTablePrefix).
+//
+// # Migrations
+//
+// The schema is defined by numbered SQL files, embedded and returned by
+// Migrations(dialect): goose migrations that are plain SQL scripts as well
+// (goose runs what follows "-- +goose Up"; other tools read that line as a
+// comment), written with the default prefix barewire_ and idempotent. Migrate
+// runs exactly their statements, and so does a team's own tool: copy the
+// files into its migrations folder, or, for another prefix, take the script
+// from MigrationSQL(dialect, prefix). A service whose tool owns the schema
+// calls CheckSchema at start instead of Migrate (bus.Start does so when
+// outbox.Options.DisableAutoMigrate is set): it names every table and index
+// missing and the file that creates it. On PostgreSQL, Migrate and
+// CheckSchema also check that the server is PostgreSQL 13 or newer.
 //
 // # Operations
 //

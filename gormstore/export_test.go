@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"context"
 	"time"
 
 	"github.com/barewire-go/barewire/internal/xactwatch"
@@ -28,4 +29,10 @@ func (o *Outbox) SetWatchTiming(maxInterval, expiry time.Duration, maxPending in
 func PgxConnError(dc any) error {
 	_, err := pgxConn(dc)
 	return err
+}
+
+// SetServerVersionNum makes s take num for PostgreSQL's server_version_num
+// instead of asking the server.
+func (s *Store) SetServerVersionNum(num int) {
+	s.versionNum = func(context.Context) (int, error) { return num, nil }
 }

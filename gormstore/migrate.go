@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/internal/migration"
 	"github.com/barewire-go/barewire/internal/pgerr"
 )
 
@@ -17,7 +16,9 @@ import (
 // idempotent and safe while other instances run traffic on the tables or
 // migrate at the same moment:
 //
-//   - It first asks the catalog whether every table and index the script
+//   - On PostgreSQL it first checks that the server is PostgreSQL 13 or
+//     newer (an error wrapping ErrPostgresVersion otherwise).
+//   - It asks the catalog whether every table and index the script
 //     creates exists. If so it returns without running any DDL: on
 //     PostgreSQL even CREATE INDEX IF NOT EXISTS locks the table (SHARE,
 //     until commit), which can deadlock with live transactions.
@@ -29,11 +30,14 @@ import (
 //     a deadlock (40P01), a serialization failure (40001) or the lock
 //     timeout (55P03).
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.checkVersion(ctx); err != nil {
+		return err
+	}
 	script, err := MigrationSQL(s.dialect.name, s.prefix)
 	if err != nil {
 		return err
 	}
-	stmts := splitStatements(script)
+	stmts := migration.Statements(script)
 	objects, provable := createdObjects(stmts)
 	if provable {
 		ok, err := s.schemaPresent(ctx, s.db.WithContext(ctx), objects)
@@ -119,42 +123,22 @@ func retryableMigrateError(err error) bool {
 	return false
 }
 
-// createPattern matches the statements whose effect the catalog can
-// confirm: CREATE TABLE / CREATE [UNIQUE] INDEX ... IF NOT EXISTS name.
-var createPattern = regexp.MustCompile(`(?is)^CREATE\s+(?:UNIQUE\s+)?(?:TABLE|INDEX)\s+IF\s+NOT\s+EXISTS\s+([A-Za-z_][A-Za-z0-9_]*)\b`)
-
 // createdObjects lists the tables and indexes that stmts create. provable
 // is false when some statement is of another kind: then only running the
 // script brings the schema up to date, and Migrate always runs it.
 func createdObjects(stmts []string) (objects []string, provable bool) {
 	for _, stmt := range stmts {
-		m := createPattern.FindStringSubmatch(stmt)
-		if m == nil {
+		o, ok := migration.Created(stmt)
+		if !ok {
 			return nil, false
 		}
-		objects = append(objects, m[1])
+		objects = append(objects, o.Name)
 	}
 	return objects, len(objects) > 0
 }
 
-// schemaPresent reports whether every one of objects (table and index names,
-// resolved like the script's unqualified names) exists. It takes no lock on
-// the tables.
+// schemaPresent reports whether every one of objects exists.
 func (s *Store) schemaPresent(ctx context.Context, db *gorm.DB, objects []string) (bool, error) {
-	var missing int64
-	var err error
-	if s.dialect.name == DialectPostgres {
-		// The names are validated identifiers (validatePrefix), so a plain
-		// array literal carries them.
-		err = db.WithContext(ctx).Raw("SELECT count(*) FROM unnest(CAST(CAST(? AS text) AS text[])) AS n WHERE to_regclass(n) IS NULL",
-			"{"+strings.Join(objects, ",")+"}").Scan(&missing).Error
-	} else {
-		var present int64
-		err = db.WithContext(ctx).Raw("SELECT count(*) FROM sqlite_master WHERE type IN ('table', 'index') AND name IN ?", objects).Scan(&present).Error
-		missing = int64(len(objects)) - present
-	}
-	if err != nil {
-		return false, fmt.Errorf("check the schema: %w", err)
-	}
-	return missing == 0, nil
+	missing, err := s.missingObjects(ctx, db, objects)
+	return len(missing) == 0, err
 }

@@ -2,14 +2,10 @@ package gormstore
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io/fs"
-	"path"
 	"regexp"
-	"sort"
 	"strings"
 	"time"
 
@@ -36,13 +32,6 @@ const (
 	DialectPostgres = "postgres"
 	DialectSQLite   = "sqlite"
 )
-
-// migrationPrefix is the table prefix written in the embedded migration
-// files; MigrationSQL substitutes the configured one for it.
-const migrationPrefix = DefaultTablePrefix
-
-//go:embed migrations/postgres/*.sql migrations/sqlite/*.sql
-var migrationFiles embed.FS
 
 // identifierPattern is what every generated table and index name must match:
 // a plain SQL identifier that PostgreSQL does not truncate (63 bytes).
@@ -77,13 +66,17 @@ type Store struct {
 	db      *gorm.DB
 	dialect dialect
 	prefix  string
+	// versionNum reads PostgreSQL's server_version_num (a field so that
+	// tests can pretend to be an older server).
+	versionNum func(ctx context.Context) (int, error)
 
 	inbox  *Inbox
 	outbox *Outbox
 }
 
 // New returns a Store on db. It does no I/O: call Migrate (or apply
-// MigrationSQL with your own tool) before use. db's dialect must be
+// Migrations or MigrationSQL with your own tool, and CheckSchema) before
+// use. db's dialect must be
 // PostgreSQL or SQLite.
 func New(db *gorm.DB, opts ...Option) (*Store, error) {
 	if db == nil || db.Config == nil || db.Dialector == nil {
@@ -107,6 +100,7 @@ func New(db *gorm.DB, opts ...Option) (*Store, error) {
 		dialect: d,
 		prefix:  cfg.prefix,
 	}
+	s.versionNum = s.queryVersionNum
 	if cfg.now != nil {
 		if err := s.useClock(cfg.now); err != nil {
 			return nil, err
@@ -143,72 +137,6 @@ func (s *Store) Dialect() string { return s.dialect.name }
 
 // TablePrefix reports the table prefix in use.
 func (s *Store) TablePrefix() string { return s.prefix }
-
-// MigrationSQL returns the SQL that creates the tables for dialect
-// ("postgres" or "sqlite") with table names starting with prefix: the
-// embedded migration files in order, every statement idempotent. Migrate
-// executes exactly this text; it is exported for teams that apply schema
-// changes with their own migration tool.
-func MigrationSQL(dialect, prefix string) (string, error) {
-	if _, err := dialectFor(dialect); err != nil {
-		return "", err
-	}
-	if err := validatePrefix(prefix); err != nil {
-		return "", err
-	}
-	dir := path.Join("migrations", dialect)
-	entries, err := fs.ReadDir(migrationFiles, dir)
-	if err != nil {
-		return "", fmt.Errorf("gormstore: read migrations: %w", err)
-	}
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		if !e.IsDir() && strings.HasSuffix(e.Name(), ".sql") {
-			names = append(names, e.Name())
-		}
-	}
-	// Files are numbered (001_init.sql, 002_...) and apply in that order.
-	sort.Strings(names)
-	var b strings.Builder
-	for _, name := range names {
-		data, err := fs.ReadFile(migrationFiles, path.Join(dir, name))
-		if err != nil {
-			return "", fmt.Errorf("gormstore: read migration %s: %w", name, err)
-		}
-		fmt.Fprintf(&b, "-- %s\n", name)
-		b.Write(data)
-		if len(data) > 0 && data[len(data)-1] != '\n' {
-			b.WriteByte('\n')
-		}
-	}
-	// The files spell the default prefix; every occurrence of it is a table
-	// or index name (the files are written that way).
-	return strings.ReplaceAll(b.String(), migrationPrefix, prefix), nil
-}
-
-// splitStatements cuts a migration script into statements: comment lines
-// are dropped and a line ending in ';' ends a statement. The migration files
-// are written to this simple shape (no semicolons inside statements).
-func splitStatements(script string) []string {
-	var stmts []string
-	var cur strings.Builder
-	for _, line := range strings.Split(script, "\n") {
-		trimmed := strings.TrimSpace(line)
-		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
-			continue
-		}
-		cur.WriteString(line)
-		cur.WriteByte('\n')
-		if strings.HasSuffix(trimmed, ";") {
-			stmts = append(stmts, strings.TrimSpace(cur.String()))
-			cur.Reset()
-		}
-	}
-	if rest := strings.TrimSpace(cur.String()); rest != "" {
-		stmts = append(stmts, rest)
-	}
-	return stmts
-}
 
 // validatePrefix checks that every name made from prefix is a valid
 // identifier. Table names are the only identifiers interpolated into SQL, so

@@ -44,7 +44,9 @@ type Options struct {
 	// TablePrefix prefixes the tables (inbox, outbox). Defaults to "barewire_".
 	TablePrefix string
 	// DisableAutoMigrate stops Start from creating or upgrading the tables;
-	// run the embedded SQL migrations (gormstore.MigrationSQL) yourself.
+	// apply the migration files (gormstore.Migrations, or
+	// gormstore.MigrationSQL for another prefix) with your own tool. Start
+	// then checks that the tables exist and fails naming any missing.
 	DisableAutoMigrate bool
 	// PublishThroughOutbox makes Publish and Send outside a transaction go
 	// through the outbox in a transaction of their own instead of straight

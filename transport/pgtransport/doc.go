@@ -19,4 +19,8 @@
 // (DeliverTx). Consuming uses the same adapter's claim query, driven by
 // this package's own loop rather than watermill-sql's Subscriber; see
 // docs/transports.md for why.
+//
+// The tables are defined by the migration files under migrations/
+// (Migrations; MigrationSQL for another table prefix), which Start runs
+// unless Config.DisableAutoMigrate is set, and checks for otherwise.
 package pgtransport

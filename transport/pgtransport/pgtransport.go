@@ -81,7 +81,8 @@ type Config struct {
 	// to half of LongTransactionWarning, at most 30s.
 	LongTransactionCheckInterval time.Duration
 	// DisableAutoMigrate stops Start from creating the tables; apply
-	// MigrationSQL with your own tool.
+	// Migrations (or MigrationSQL) with your own tool. Start then checks
+	// that they exist and fails naming any missing.
 	DisableAutoMigrate bool
 }
 
@@ -169,6 +170,9 @@ type Transport struct {
 	// inflight maps each message handed to a handler to its claim, for
 	// AckTx and AckedInTx.
 	inflight sync.Map // *message.Message → *claimed
+	// versionNum, when not zero, is taken for the server's
+	// server_version_num (tests pretend to be an older server).
+	versionNum int
 }
 
 // New returns the PostgreSQL transport on db, to hand to
@@ -247,7 +251,8 @@ func (t *Transport) Tables() (messages, queues, bindings string) {
 	return t.n.messages, t.n.queues, t.n.bindings
 }
 
-// Start creates the tables (unless DisableAutoMigrate), declares each
+// Start checks that the server is PostgreSQL 13 or newer, creates the
+// tables (with DisableAutoMigrate, checks that they exist), declares each
 // endpoint's queue and error queue, binds the queue to one exchange per
 // consumed message type and to the endpoint's extra bindings, and starts
 // listening for new messages and watching for long transactions.
@@ -278,10 +283,8 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 		}
 	}
 	err := t.inTx(ctx, func(tx *sql.Tx) error {
-		if !t.cfg.DisableAutoMigrate {
-			if err := t.migrate(ctx, tx); err != nil {
-				return err
-			}
+		if err := t.prepareSchema(ctx, tx); err != nil {
+			return err
 		}
 		if len(queues) > 0 {
 			if _, err := tx.ExecContext(ctx, t.n.expand(`INSERT INTO {queues} (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`), queues); err != nil {

@@ -1,10 +1,13 @@
 package pgtransport
 
 import (
+	"context"
 	stdsql "database/sql"
+	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,6 +16,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/migration"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/transport"
 )
@@ -46,12 +51,14 @@ func ValidatePrefix(prefix string) error {
 // lower case in PostgreSQL, so the lower-case forms are the real names (and
 // the NOTIFY channel, which is case-sensitive, uses them too).
 type names struct {
+	prefix                              string
 	messages, queues, bindings, channel string
 }
 
 func namesFor(prefix string) names {
 	p := strings.ToLower(prefix)
 	return names{
+		prefix:   p,
 		messages: p + "queue_messages",
 		queues:   p + "queues",
 		bindings: p + "bindings",
@@ -59,68 +66,174 @@ func namesFor(prefix string) names {
 	}
 }
 
-// objects lists every table and index the schema creates.
+// objects lists the names of every table and index the migrations create.
 func (n names) objects() []string {
-	return []string{n.messages, n.messages + "_queue_idx", n.queues, n.bindings, n.bindings + "_queue_idx"}
+	var out []string
+	for _, o := range n.schemaObjects() {
+		out = append(out, o.Name)
+	}
+	return out
+}
+
+// schemaObject is a table or index and the migration file that creates it.
+type schemaObject struct {
+	migration.Object
+	file string
+}
+
+// schemaObjects lists every table and index the migrations create.
+func (n names) schemaObjects() []schemaObject {
+	var out []schemaObject
+	for _, f := range readMigrations() {
+		for _, stmt := range migration.Statements(migration.WithPrefix(f.Up, DefaultTablePrefix, n.prefix)) {
+			if o, ok := migration.Created(stmt); ok {
+				out = append(out, schemaObject{o, "migrations/" + f.Name})
+			}
+		}
+	}
+	return out
 }
 
 func (n names) expand(tmpl string) string {
 	return strings.NewReplacer("{messages}", n.messages, "{queues}", n.queues, "{bindings}", n.bindings).Replace(tmpl)
 }
 
-// schemaSQL creates the tables; every statement is idempotent.
+// migrationFiles are the transport's migrations. They spell
+// DefaultTablePrefix; MigrationSQL substitutes the configured prefix.
 //
-//   - {messages}: one row per message per queue. A row is claimable when
-//     visible_at has passed; a claim pushes visible_at forward by the lease
-//     and counts the delivery, an ack deletes the row, a nack sets
-//     visible_at to now plus the redelivery delay.
-//   - {queues}: the declared queues (endpoint queues and error queues), so
-//     that a send to a queue nobody declared fails instead of vanishing.
-//   - {bindings}: (exchange, queue), written by every process at Start, so
-//     a process that does not consume a type still routes it to the
-//     endpoints of other processes.
-const schemaSQL = `CREATE TABLE IF NOT EXISTS {messages} (
-    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue       text        NOT NULL,
-    message_id  text        NOT NULL DEFAULT '',
-    metadata    json        NOT NULL DEFAULT '{}',
-    payload     bytea       NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    visible_at  timestamptz NOT NULL DEFAULT now(),
-    deliveries  integer     NOT NULL DEFAULT 0
-) WITH (fillfactor = 90);
-CREATE INDEX IF NOT EXISTS {messages}_queue_idx ON {messages} (queue, id);
-CREATE TABLE IF NOT EXISTS {queues} (
-    name       text        PRIMARY KEY,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS {bindings} (
-    exchange   text        NOT NULL,
-    queue      text        NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (exchange, queue)
-);
-CREATE INDEX IF NOT EXISTS {bindings}_queue_idx ON {bindings} (queue);`
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations returns the transport's migration files: a file system whose
+// root holds 001_init.sql (and, in later releases, 002_... and so on), as
+// they are in the module next to this package's source. They create the
+// tables with the default prefix, barewire_; for another prefix use
+// MigrationSQL.
+//
+// Each file is a goose migration and a plain SQL script at once: goose runs
+// what follows its "-- +goose Up" line, and Atlas, psql or any tool that
+// runs a file as it is reads that line as a comment. The files have no Down
+// section (rolling back would drop the queued messages). Hand the file
+// system to goose or copy the files into your migrations folder, renumbered
+// to fit its sequence. Every statement is idempotent.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err) // the directory is embedded
+	}
+	return sub
+}
 
 // MigrationSQL returns the SQL that creates the transport's tables for
-// prefix (every statement idempotent, separated by ";\n"). Start runs it
-// unless Config.DisableAutoMigrate is set; it is exported for teams that
-// apply schema changes with their own migration tool.
+// prefix: one "-- +goose Up" line, then the statements of the migration
+// files (Migrations) in order, with prefix in place of barewire_. Every
+// statement is idempotent. Start runs exactly these statements unless
+// Config.DisableAutoMigrate is set; the script is for teams whose migration
+// tool owns the schema (it is a goose migration as it is, and plain SQL to
+// every other tool).
 func MigrationSQL(prefix string) (string, error) {
 	if err := ValidatePrefix(prefix); err != nil {
 		return "", err
 	}
-	return namesFor(prefix).expand(schemaSQL) + "\n", nil
+	return migrationScript(namesFor(prefix)), nil
+}
+
+func readMigrations() []migration.File {
+	files, err := migration.Read(Migrations())
+	if err != nil {
+		panic(fmt.Sprintf("pgtransport: embedded migrations: %v", err)) // every test reads them
+	}
+	return files
+}
+
+func migrationScript(n names) string {
+	return migration.Script(readMigrations(), DefaultTablePrefix, n.prefix)
 }
 
 func migrationStatements(n names) []string {
-	var out []string
-	for _, s := range strings.Split(n.expand(schemaSQL), ";\n") {
-		if s = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), ";")); s != "" {
-			out = append(out, s)
+	return migration.Statements(migrationScript(n))
+}
+
+// prepareSchema runs first in Start's transaction: it checks that the
+// server is PostgreSQL 13 or newer, then creates the tables or, with
+// DisableAutoMigrate, checks that they exist, so that a database the
+// transport cannot use fails Start, not the first publish.
+func (t *Transport) prepareSchema(ctx context.Context, tx *stdsql.Tx) error {
+	if err := t.checkVersion(ctx, tx); err != nil {
+		return err
+	}
+	if !t.cfg.DisableAutoMigrate {
+		return t.migrate(ctx, tx)
+	}
+	return t.checkSchema(ctx, tx)
+}
+
+func (t *Transport) checkVersion(ctx context.Context, tx *stdsql.Tx) error {
+	num := t.versionNum
+	if num == 0 {
+		if err := tx.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&num); err != nil {
+			return fmt.Errorf("read the server version: %w", err)
 		}
 	}
-	return out
+	if num < gormstore.MinPostgresVersionNum {
+		v := fmt.Sprintf("%d.%d", num/10000, num%10000)
+		if num < 100000 {
+			v = fmt.Sprintf("%d.%d.%d", num/10000, num/100%100, num%100)
+		}
+		return fmt.Errorf("%w: the server is PostgreSQL %s (server_version_num %d); the transport needs pg_current_xact_id and pg_xact_status, which came with 13",
+			gormstore.ErrPostgresVersion, v, num)
+	}
+	return nil
+}
+
+// checkSchema returns an error naming every table and index that is
+// missing, and where to get it.
+func (t *Transport) checkSchema(ctx context.Context, tx *stdsql.Tx) error {
+	objects := t.n.schemaObjects()
+	names := make([]string, len(objects))
+	for i, o := range objects {
+		names[i] = o.Name
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT n FROM unnest($1::text[]) AS n WHERE to_regclass(n) IS NULL`, names)
+	if err != nil {
+		return fmt.Errorf("check the tables: %w", err)
+	}
+	missing := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return fmt.Errorf("check the tables: %w", err)
+		}
+		missing[n] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check the tables: %w", err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var absent []schemaObject
+	for _, o := range objects {
+		if missing[o.Name] {
+			absent = append(absent, o)
+		}
+	}
+	var list []string
+	for i, o := range absent {
+		item := o.Kind + " " + o.Name
+		if i == len(absent)-1 || absent[i+1].file != o.file {
+			item += " (created by pgtransport's " + o.file + ")"
+		}
+		list = append(list, item)
+	}
+	apply := "the files of pgtransport.Migrations()"
+	if t.n.prefix != DefaultTablePrefix {
+		apply = fmt.Sprintf("pgtransport.MigrationSQL(%q)", t.n.prefix)
+	}
+	return fmt.Errorf("DisableAutoMigrate is set, and the database lacks %s; apply %s with your migration tool, or unset DisableAutoMigrate so that Start creates them",
+		strings.Join(list, ", "), apply)
 }
 
 // schemaAdapter is the transport's watermill-sql SchemaAdapter. The

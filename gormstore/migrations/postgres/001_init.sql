@@ -1,15 +1,23 @@
--- BareWire inbox and outbox tables for PostgreSQL.
+-- BareWire inbox and outbox tables for PostgreSQL: migration 001.
 --
--- Every statement is idempotent, so this file can be run any number of times
--- (gormstore's Migrate runs it, under an advisory lock, whenever one of the
--- tables or indexes below is missing). The table prefix is "barewire_";
--- gormstore.MigrationSQL("postgres", prefix) returns this text with another
--- prefix substituted.
+-- This file is a goose migration and a plain SQL script at once: goose runs
+-- the statements after "-- +goose Up"; Atlas, psql and any tool that runs a
+-- file as it is read that line as a comment. Copy it into your migrations
+-- folder (renumbered to fit your sequence) and set
+-- outbox.Options.DisableAutoMigrate. There is no Down section on purpose:
+-- rolling back would drop the outbox with the messages not yet relayed.
 --
--- Keep every statement a CREATE TABLE / CREATE INDEX ... IF NOT EXISTS:
--- Migrate checks the catalog for those names and, when all exist, runs no
--- DDL (DDL locks live tables). A statement of another kind makes it run the
--- whole script on every start.
+-- The table prefix is "barewire_". gormstore.MigrationSQL("postgres", prefix)
+-- returns the same statements with another prefix; Store.Migrate runs
+-- exactly those, and a test checks that both make the same schema.
+--
+-- Every statement is idempotent, so the file can be run any number of
+-- times. Keep every statement a CREATE TABLE / CREATE INDEX ... IF NOT
+-- EXISTS (Migrate checks the catalog for those names and, when all exist,
+-- runs no DDL, since DDL locks live tables; CheckSchema names the missing
+-- ones), ending with ';' at the end of its line and holding no other ';'.
+
+-- +goose Up
 
 -- Inbox: one row per (message, consumer). A row is locked while
 -- processed_at IS NULL and expires_at is in the future; lock_token fences the
