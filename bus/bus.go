@@ -101,9 +101,9 @@ type Bus struct {
 	cancel     context.CancelFunc
 	bg         sync.WaitGroup
 	routerDone chan error
-	inFlight   atomic.Int64
-	ctr        counters
-	tel        *telemetry
+	ctr        counters   // Stats (stats.go)
+	tel        *telemetry // OpenTelemetry (telemetry.go)
+	obs        fanout     // what the engine reports goes to every observer (observe.go)
 	gate       *dbGate
 }
 
@@ -150,6 +150,7 @@ func New(opts ...Option) (*Bus, error) {
 
 	b := &Bus{cfg: c, log: c.logger}
 	b.tel = newTelemetry(c.telemetry, c.transport)
+	b.obs = newFanout(b.tel, &b.ctr, c.telemetry.observers)
 	b.gate = newDBGate(b, b.log)
 	seen := map[string]bool{}
 	for _, eps := range c.endpoints {
@@ -297,7 +298,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bus: create router: %w", err)
 	}
 	for _, ep := range b.endpoints {
-		h := b.instrument(ep, b.handler(ep))
+		h := b.handler(ep)
 		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
 			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
 		}

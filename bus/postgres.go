@@ -113,11 +113,7 @@ func (b *Bus) usePostgres(c *config) []error {
 	cfg := s.p.config()
 	// Messages written in the caller's transaction count as published
 	// once the transport sees that transaction commit.
-	cfg.OnCommitted = func(msgs []*outbox.Message) {
-		if b.tel != nil {
-			b.tel.countCommitted(msgs)
-		}
-	}
+	cfg.OnCommitted = func(msgs []*outbox.Message) { b.obs.delivered(msgs, false) }
 	tr, err := pgtransport.New(s.db, cfg, c.logger)
 	if err != nil {
 		return []error{fmt.Errorf("%w: %w", ErrInvalidOption, err)}
