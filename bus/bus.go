@@ -101,9 +101,9 @@ type Bus struct {
 	cancel     context.CancelFunc
 	bg         sync.WaitGroup
 	routerDone chan error
-	inFlight   atomic.Int64
-	ctr        counters
-	tel        *telemetry
+	ctr        counters   // Stats (stats.go)
+	tel        *telemetry // OpenTelemetry (telemetry.go)
+	obs        fanout     // what the engine reports goes to every observer (observe.go)
 	gate       *dbGate
 }
 
@@ -158,6 +158,7 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	b := &Bus{cfg: c, log: c.logger, system: system}
 	b.tel = newTelemetry(c.telemetry, system)
+	b.obs = newFanout(b.tel, &b.ctr, c.telemetry.observers)
 	b.gate = newDBGate(b, b.log)
 	eps := f.Endpoints()
 	if eps == nil {
@@ -180,7 +181,7 @@ func New(opts ...Option) (*Bus, error) {
 		RelayLease: c.outboxOpts.RelayLease,
 		// Messages a transport wrote in the caller's transaction count
 		// as published once it sees that transaction commit.
-		OnCommitted: func(msgs []*outbox.Message) { b.tel.countCommitted(msgs) },
+		OnCommitted: func(msgs []*outbox.Message) { b.obs.delivered(msgs, false) },
 	})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("%w: %s transport: %w", ErrInvalidOption, system, err))
@@ -295,7 +296,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("bus: create router: %w", err)
 	}
 	for _, ep := range b.endpoints {
-		h := b.instrument(ep, b.handler(ep))
+		h := b.handler(ep)
 		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
 			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
 		}

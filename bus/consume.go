@@ -35,7 +35,7 @@ const maxInboundIDLen = 1024
 type stateKey struct{}
 
 // deliveryState travels in the consumer's context.
-type deliveryState struct{ published, ran, ackedInTx atomic.Bool }
+type deliveryState struct{ published, ran, ackedInTx, duplicate atomic.Bool }
 
 func stateFrom(ctx context.Context) *deliveryState {
 	s, _ := ctx.Value(stateKey{}).(*deliveryState)
@@ -89,57 +89,73 @@ func (d *dispatcher) lookup(typ string) []*endpoint.Registration {
 }
 
 // handler builds the Watermill handler of one endpoint: retry policy around
-// the inbox around the consumers, then dead-lettering.
+// the inbox around the consumers, then dead-lettering. It reports the
+// delivery to the bus's observers (observe.go) as it goes.
 func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 	disp := newDispatcher(ep)
 	log := b.log.With("endpoint", ep.Name())
 	mw := &inbox.Middleware{
 		Store: b.inboxSt, ConsumerType: ep.Name(), LockTimeout: b.cfg.outboxOpts.InboxLockTimeout,
 		SingleTransaction: ep.Inbox == endpoint.InboxSingleTransaction, Logger: log,
-		OnDuplicate: func(ctx context.Context, k inbox.Key) { b.ctr.duplicates.Add(1); b.tel.duplicate(ctx, k) },
+		OnDuplicate: func(ctx context.Context, _ inbox.Key) {
+			if st := stateFrom(ctx); st != nil {
+				st.duplicate.Store(true)
+			}
+		},
 	}
 	if b.cfg.clock != nil {
 		mw.Clock = b.cfg.clock
 	}
 	return func(msg *message.Message) error {
-		b.inFlight.Add(1)
-		defer b.inFlight.Add(-1)
-		ctx := msg.Context()
-		attempts, err := b.consume(ctx, ep, disp, mw, msg, log)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, errHandBack):
-			// Shutting down (the wait for a busy entry or for the database
-			// ends only then): the broker redelivers.
-			b.ctr.requeued.Add(1)
-			return requeue(msg)
+		typ := msg.Metadata.Get(wire.HeaderMessageType)
+		d := &delivery{msg: msg, endpoint: ep.Name(), messageType: typ, knownType: len(disp.byType[typ]) > 0, start: time.Now()}
+		ctx := b.obs.started(context.WithValue(msg.Context(), deliveryKey{}, d), d)
+		msg.SetContext(ctx)
+		d.outcome = b.handle(ctx, ep, disp, mw, msg, log, d)
+		b.obs.handled(ctx, d)
+		if d.outcome == OutcomeRequeued {
+			// Without an error, so the router logs none for what is an
+			// expected outcome (we log it where it matters); its Ack after
+			// a Nack is a no-op.
+			msg.Nack()
 		}
-		if n, ok := redeliveries(ep, msg, err); ok {
-			if rErr := b.settle(ctx, log, "scheduling a redelivery", func(sctx context.Context) error {
-				return b.redeliver(sctx, ep, msg, n, err)
-			}); rErr != nil {
-				b.ctr.requeued.Add(1)
-				return requeue(msg)
-			}
-			b.ctr.redelivered.Add(1)
-			b.tel.note(ctx, evRedelivered)
-			log.InfoContext(ctx, "message handed back for a delayed redelivery", "message_id", msg.UUID,
-				"redelivery", n+1, "delay", ep.Redelivery[n], "error", err)
-			return nil
-		}
-		if dlErr := b.settle(ctx, log, "dead-lettering", func(sctx context.Context) error {
-			return b.deadLetter(sctx, ep, msg, err, attempts)
-		}); dlErr != nil {
-			b.ctr.requeued.Add(1)
-			return requeue(msg)
-		}
-		b.ctr.deadLettered.Add(1)
-		b.tel.note(ctx, evDeadLettered)
-		log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", msg.Metadata.Get(wire.HeaderMessageType),
-			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
 		return nil
 	}
+}
+
+// handle runs a delivery to its outcome: consumed (or a duplicate), a
+// delayed redelivery, a dead letter, or handed back to the broker.
+func (b *Bus) handle(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, log *slog.Logger, d *delivery) string {
+	verdict, attempts, err := b.consume(ctx, ep, disp, mw, msg, log, d)
+	switch {
+	case err == nil:
+		return verdict
+	case errors.Is(err, errHandBack):
+		// Shutting down (the wait for a busy entry or for the database
+		// ends only then): the broker redelivers.
+		return OutcomeRequeued
+	}
+	d.lastErr = err // also a failure before any attempt (an id that cannot be deduplicated)
+	if n, ok := redeliveries(ep, msg, err); ok {
+		if rErr := b.settle(ctx, log, "scheduling a redelivery", func(sctx context.Context) error {
+			return b.redeliver(sctx, ep, msg, n, err)
+		}); rErr != nil {
+			return OutcomeRequeued
+		}
+		log.InfoContext(ctx, "message handed back for a delayed redelivery", "message_id", msg.UUID,
+			"redelivery", n+1, "delay", ep.Redelivery[n], "error", err)
+		return OutcomeRedelivery
+	}
+	dl := deadLetter(ep, msg, err, attempts)
+	d.faultHeaders = maps.Clone(dl.Headers)
+	if dlErr := b.settle(ctx, log, "dead-lettering", func(sctx context.Context) error {
+		return b.deliverDeadLetter(sctx, ep, dl)
+	}); dlErr != nil {
+		return OutcomeRequeued
+	}
+	log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", d.messageType,
+		"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	return OutcomeDeadLettered
 }
 
 // maxOutagesPerDelivery bounds how often one delivery may close the
@@ -152,16 +168,17 @@ const maxOutagesPerDelivery = 10
 // and the message goes back to the broker.
 var errHandBack = errors.New("bus: stopping; message handed back to the broker")
 
-// consume runs a delivery to a verdict: nil (consumed or a duplicate), the
-// consumer's last failure (for redelivery or the dead letter), or
-// errHandBack. It returns how many attempts ran. Failures are counted
-// against the retry policy only when they are the consumer's (or this
-// message's); a lock taken over by another delivery and a database outage
-// are waited out uncounted, holding the message unacknowledged, so no
-// requeue loop burns a quorum queue's delivery limit.
-func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, log *slog.Logger) (attempts int, err error) {
+// consume runs a delivery to a verdict: nil with OutcomeCommitted,
+// OutcomeDuplicate or OutcomeAcked, the consumer's last failure (for
+// redelivery or the dead letter), or errHandBack. It returns how many
+// attempts ran. Failures are counted against the retry policy only when
+// they are the consumer's (or this message's); a lock taken over by another
+// delivery and a database outage are waited out uncounted, holding the
+// message unacknowledged, so no requeue loop burns a quorum queue's
+// delivery limit.
+func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, log *slog.Logger, d *delivery) (verdict string, attempts int, err error) {
 	if err := checkInboundID(msg.UUID); err != nil {
-		return 0, endpoint.Permanent(err)
+		return "", 0, endpoint.Permanent(err)
 	}
 	tries := maxTries(ep.Retry)
 	bo := retryBackOff(ep.Retry)
@@ -169,22 +186,22 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	failures, outages := 0, 0
 	for {
 		if b.gate.wait(ctx) != nil {
-			return attempts, errHandBack
+			return "", attempts, errHandBack
 		}
 		attempts++
+		d.attempt.Store(int64(attempts))
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
 			actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
 		}
-		err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
+		verdict, err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
 		cancel()
 		kind, err := b.classify(ctx, err)
 		switch kind {
 		case outcomeOK:
-			b.tel.attemptDone(ctx, attempts, nil)
-			return attempts, nil
+			return verdict, attempts, nil
 		case outcomeShutdown:
-			return attempts, errHandBack
+			return "", attempts, errHandBack
 		case outcomeLockLost:
 			// Another delivery took the entry over; the inbox will say
 			// whether it committed (a duplicate then) or let it go.
@@ -199,13 +216,13 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 			// failing on a connection: charge it, or it would loop forever.
 			err = fmt.Errorf("%w (the %d-th database failure of this delivery while the database answered probes)", err, outages)
 		}
-		b.tel.attemptDone(ctx, attempts, err)
+		d.lastErr = err
+		b.obs.attemptFailed(ctx, d)
 		failures++
 		if failures >= tries || endpoint.IsPermanent(err) || (ep.Retry.ShouldRetry != nil && !ep.Retry.ShouldRetry(err)) {
-			return attempts, err
+			return "", attempts, err
 		}
-		b.ctr.retries.Add(1)
-		b.tel.note(ctx, evRetried)
+		b.obs.retried(ctx, d)
 		log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
 		if d := bo.NextBackOff(); d > 0 {
 			pause(ctx, d)
@@ -262,14 +279,6 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// requeue hands the message back to the broker without the router logging
-// an error for what is an expected outcome (we log it where it matters).
-// The router's Ack after a Nack is a no-op.
-func requeue(msg *message.Message) error {
-	msg.Nack()
-	return nil
-}
-
 func maxTries(p endpoint.RetryPolicy) int {
 	if p.Kind == endpoint.RetryNone {
 		return 1
@@ -277,12 +286,14 @@ func maxTries(p endpoint.RetryPolicy) int {
 	return p.Retries + 1
 }
 
-// attempt runs the consumers once, in a transaction, behind the inbox.
-func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, attempt int, log *slog.Logger) error {
+// attempt runs the consumers once, in a transaction, behind the inbox. On
+// success it says whether they ran and committed (OutcomeCommitted) or the
+// inbox skipped the message (OutcomeDuplicate).
+func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatcher, mw *inbox.Middleware, msg *message.Message, attempt int, log *slog.Logger) (string, error) {
 	typ := msg.Metadata.Get(wire.HeaderMessageType)
 	regs := disp.lookup(typ)
 	if len(regs) == 0 {
-		return endpoint.Permanent(fmt.Errorf("%w %q on endpoint %q (consumed types: %s)", endpoint.ErrUnknownMessageType, typ, ep.Name(), strings.Join(ep.MessageTypes(), ", ")))
+		return "", endpoint.Permanent(fmt.Errorf("%w %q on endpoint %q (consumed types: %s)", endpoint.ErrUnknownMessageType, typ, ep.Name(), strings.Join(ep.MessageTypes(), ", ")))
 	}
 	headers := Headers{}
 	for k, v := range msg.Metadata {
@@ -299,6 +310,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		Attempt:       attempt,
 	}, consumerPublisher{b})
 	state := &deliveryState{}
+	ctx = context.WithValue(ctx, stateKey{}, state) // for OnDuplicate
 	run := func(txCtx context.Context) error {
 		txCtx = context.WithValue(txCtx, stateKey{}, state)
 		state.ran.Store(true)
@@ -322,7 +334,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	var err error
 	switch {
 	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
-		return endpoint.Permanent(ErrMissingMessageID)
+		return "", endpoint.Permanent(ErrMissingMessageID)
 	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:
 		if msg.UUID == "" {
 			log.WarnContext(ctx, "processing a message without an id: no deduplication", "message_type", typ)
@@ -336,17 +348,21 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		})(msg)
 		msg.SetContext(orig)
 	}
-	if err == nil && state.ran.Load() {
+	switch {
+	case err != nil:
+		return "", err
+	case state.ran.Load():
 		if state.ackedInTx.Load() {
 			b.tr.(transport.TxAcker).AckedInTx(msg)
 		}
-		b.ctr.consumed.Add(1)
-		b.tel.note(ctx, evConsumed)
 		if state.published.Load() {
 			b.wake()
 		}
+		return OutcomeCommitted, nil
+	case state.duplicate.Load():
+		return OutcomeDuplicate, nil
 	}
-	return err
+	return OutcomeAcked, nil
 }
 
 func (b *Bus) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
@@ -419,9 +435,9 @@ func copyOf(msg *message.Message, dest string) *outbox.Message {
 	}
 }
 
-// deadLetter moves the message to the endpoint's dead-letter destination
-// with fault headers, and returns once the transport confirmed it.
-func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, cause error, attempts int) error {
+// deadLetter makes the message for the endpoint's dead-letter destination,
+// with fault headers.
+func deadLetter(ep *endpoint.Endpoint, msg *message.Message, cause error, attempts int) *outbox.Message {
 	m := copyOf(msg, wire.QueuePrefix+ep.ErrorQueue)
 	if id := storableID(msg.UUID); id != msg.UUID {
 		// The dead letter must be storable itself: a stand-in id derived
@@ -451,11 +467,7 @@ func (b *Bus) deadLetter(ctx context.Context, ep *endpoint.Endpoint, msg *messag
 	if errors.As(cause, &pe) {
 		h[wire.HeaderFaultStack] = wire.Truncate(pe.Stack, maxFaultStack)
 	}
-	if o := observationFrom(ctx); o != nil {
-		fh := maps.Clone(h)
-		o.faultHeaders.Store(&fh)
-	}
-	return b.deliverDeadLetter(ctx, ep, m)
+	return m
 }
 
 func errorType(err error) string {

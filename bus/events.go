@@ -33,14 +33,15 @@ const (
 	EventSettled
 )
 
-// Outcomes of a delivery (Event.Outcome of EventHandled).
+// Outcomes of a delivery (Event.Outcome of EventHandled, and the outcome
+// attribute of the barewire.handler.duration metric).
 const (
-	OutcomeCommitted    = outcomeConsumed     // consumers succeeded, transaction committed
-	OutcomeDuplicate    = outcomeDuplicate    // the inbox skipped it as already processed
-	OutcomeDeadLettered = outcomeDeadLettered // moved to the dead-letter destination; Err says why
-	OutcomeRedelivery   = outcomeRedelivery   // handed back for a delayed redelivery; Err says why
-	OutcomeRequeued     = outcomeRequeued     // handed back to the broker (inbox busy, database down, shutdown)
-	OutcomeAcked        = outcomeAcked        // acknowledged without running a consumer
+	OutcomeCommitted    = "consumed"             // consumers succeeded, transaction committed
+	OutcomeDuplicate    = "duplicate"            // the inbox skipped it as already processed
+	OutcomeDeadLettered = "dead_lettered"        // moved to the dead-letter destination; Err says why
+	OutcomeRedelivery   = "redelivery_scheduled" // handed back for a delayed redelivery; Err says why
+	OutcomeRequeued     = "requeued"             // handed back to the broker (inbox busy, database down, shutdown)
+	OutcomeAcked        = "acked"                // acknowledged without running a consumer
 )
 
 // Event is one thing the bus did, for an observer (WithObserver).
@@ -108,7 +109,7 @@ func (b *Bus) Backlog(ctx context.Context) (Backlog, error) {
 	if b.outboxSt == nil {
 		return Backlog{}, ErrNotStarted
 	}
-	bl := Backlog{InFlight: b.inFlight.Load(), Queued: -1}
+	bl := Backlog{InFlight: b.ctr.inFlight.Load(), Queued: -1}
 	if b.mem != nil {
 		bl.Queued = b.mem.Outstanding()
 	}
@@ -120,71 +121,54 @@ func (b *Bus) Backlog(ctx context.Context) (Backlog, error) {
 	return bl, nil
 }
 
-func (t *telemetry) emit(ev Event) {
-	if len(t.observers) == 0 {
-		return
-	}
+// eventObserver hands the WithObserver functions their Events.
+type eventObserver struct {
+	nopObserver
+	fns []func(Event)
+}
+
+func (o eventObserver) emit(ev Event) {
 	ev.Time = time.Now()
-	for _, fn := range t.observers {
+	for _, fn := range o.fns {
 		fn(ev)
 	}
 }
 
-// startEvents connects the embedded transport's settle signal; Start calls
-// it (through startTelemetry).
-func (b *Bus) startEvents() {
-	if b.mem != nil && len(b.tel.observers) > 0 {
-		b.mem.OnSettle(func() { b.tel.emit(Event{Kind: EventSettled}) })
-	}
+func (o eventObserver) retried(_ context.Context, d *delivery) {
+	o.emit(Event{Kind: EventRetried, Endpoint: d.endpoint, MessageID: d.msg.UUID, MessageType: d.messageType,
+		Attempt: int(d.attempt.Load()), Err: d.lastErr})
 }
 
-// emitHandled reports the end of a delivery's handling.
-func (t *telemetry) emitHandled(ep, typ, id string, h map[string]string, body []byte, o *observation, outcome string) {
-	if len(t.observers) == 0 {
-		return
+func (o eventObserver) handled(_ context.Context, d *delivery) {
+	ev := Event{Kind: EventHandled, Endpoint: d.endpoint, MessageType: d.messageType, MessageID: d.msg.UUID, Outcome: d.outcome,
+		Headers: maps.Clone(d.msg.Metadata), Body: d.msg.Payload, Attempt: int(d.attempt.Load())}
+	if d.outcome != OutcomeCommitted && d.outcome != OutcomeDuplicate {
+		ev.Err = d.lastErr
 	}
-	ev := Event{Kind: EventHandled, Endpoint: ep, MessageType: typ, MessageID: id, Outcome: outcome,
-		Headers: maps.Clone(h), Body: body, Attempt: int(o.attempts.Load())}
-	if p := o.lastErr.Load(); p != nil && outcome != OutcomeCommitted && outcome != OutcomeDuplicate {
-		ev.Err = *p
-	}
-	if p := o.faultHeaders.Load(); p != nil && outcome == OutcomeDeadLettered {
-		// The fault headers deadLetter wrote, bar the time.
-		for k, v := range *p {
+	if d.outcome == OutcomeDeadLettered {
+		for k, v := range d.faultHeaders {
 			if k != wire.HeaderFaultTime {
 				ev.Headers[k] = v
 			}
 		}
 	}
-	t.emit(ev)
+	o.emit(ev)
 }
 
-// emitPublished reports a message Publish/Send accepted.
-func (t *telemetry) emitPublished(ctx context.Context, m *outbox.Message, viaOutbox, inTx bool) {
-	if len(t.observers) == 0 {
-		return
-	}
+func (o eventObserver) published(ctx context.Context, m *outbox.Message, viaOutbox, inTx bool) {
 	ev := Event{Kind: EventPublished, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
 		Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: viaOutbox, InTx: inTx}
-	if o := observationFrom(ctx); o != nil {
-		// attempts counts finished attempts: this is the next one.
-		ev.ParentEndpoint, ev.ParentID, ev.ParentAttempt = o.endpoint, o.messageID, int(o.attempts.Load())+1
+	if d := deliveryFrom(ctx); d != nil {
+		ev.ParentEndpoint, ev.ParentID, ev.ParentAttempt = d.endpoint, d.msg.UUID, int(d.attempt.Load())
 	}
-	t.emit(ev)
+	o.emit(ev)
 }
 
-func (t *telemetry) emitRelayed(msgs []*outbox.Message) {
+func (o eventObserver) delivered(msgs []*outbox.Message, viaOutbox bool) {
 	for _, m := range msgs {
-		t.emit(Event{Kind: EventRelayed, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
-			Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: true})
+		o.emit(Event{Kind: EventRelayed, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
+			Headers: maps.Clone(m.Headers), Body: m.Payload, Outbox: viaOutbox})
 	}
 }
 
-// emitCommitted reports messages the PostgreSQL transport wrote in
-// transactions that have committed.
-func (t *telemetry) emitCommitted(msgs []*outbox.Message) {
-	for _, m := range msgs {
-		t.emit(Event{Kind: EventRelayed, MessageType: m.MessageType, MessageID: m.MessageID, Destination: m.Destination,
-			Headers: maps.Clone(m.Headers), Body: m.Payload})
-	}
-}
+func (o eventObserver) settled() { o.emit(Event{Kind: EventSettled}) }

@@ -2,6 +2,9 @@ package bus
 
 import (
 	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
@@ -16,7 +19,7 @@ func DeliverRawForTest(b *Bus, queue string, body []byte) error {
 // IdleForTest reports whether no message is in flight, no transport queue
 // holds a message and the outbox has nothing pending.
 func IdleForTest(b *Bus) bool {
-	if b.inFlight.Load() != 0 {
+	if b.ctr.inFlight.Load() != 0 {
 		return false
 	}
 	if b.mem != nil {
@@ -39,3 +42,14 @@ func DeliverForTest(b *Bus, m *outbox.Message) error {
 // RabbitConnectsForTest returns how many connections the bus's RabbitMQ
 // transport has made (1 + reconnects).
 func RabbitConnectsForTest(b *Bus) int64 { return b.tr.(*rabbit.Transport).Connects() }
+
+// HandleForTest runs the handler of the endpoint named name on msg, as the
+// router would.
+func HandleForTest(b *Bus, name string, msg *message.Message) error {
+	for _, ep := range b.endpoints {
+		if ep.Name() == name {
+			return b.handler(ep)(msg)
+		}
+	}
+	return fmt.Errorf("no endpoint %q", name)
+}

@@ -113,9 +113,6 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 	if err != nil {
 		return err
 	}
-	ctx, endSpan := b.startPublish(ctx, tx, m) // telemetry.go: span, trace context into m.Headers
-	direct := false
-	defer func() { endSpan(err, direct) }()
 	if tx == nil {
 		if ctxTx, ok := gormstore.TxFromContext(ctx); ok {
 			tx = ctxTx
@@ -124,6 +121,15 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 			}
 		}
 	}
+	viaOutbox := tx != nil || b.cfg.outboxOpts.PublishThroughOutbox
+	ctx, endSpan := b.tel.startPublish(ctx, m, viaOutbox) // the span; trace context into m.Headers
+	direct := false
+	defer func() {
+		endSpan(err, direct)
+		if err == nil {
+			b.obs.published(ctx, m, viaOutbox && !direct, viaOutbox)
+		}
+	}()
 	if tx != nil {
 		// A transport that writes in the caller's transaction (PostgreSQL
 		// on the same database) needs no outbox row and no relay hop.

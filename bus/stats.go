@@ -1,9 +1,13 @@
 package bus
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // Stats are counters since Start, for tests, samples and quick checks.
-// Metrics for production come through OpenTelemetry.
+// Metrics for production come through OpenTelemetry; both count the same
+// events (docs/observability.md says which metric each field matches).
 type Stats struct {
 	// Consumed counts messages whose consumers succeeded and committed.
 	Consumed int64
@@ -24,8 +28,33 @@ type Stats struct {
 	InFlight int64
 }
 
+// counters is the observer behind Stats.
 type counters struct {
-	consumed, duplicates, retries, redelivered, deadLettered, requeued atomic.Int64
+	nopObserver
+	consumed, duplicates, retries, redelivered, deadLettered, requeued, inFlight atomic.Int64
+}
+
+func (c *counters) started(ctx context.Context, _ *delivery) context.Context {
+	c.inFlight.Add(1)
+	return ctx
+}
+
+func (c *counters) retried(context.Context, *delivery) { c.retries.Add(1) }
+
+func (c *counters) handled(_ context.Context, d *delivery) {
+	switch d.outcome {
+	case OutcomeCommitted:
+		c.consumed.Add(1)
+	case OutcomeDuplicate:
+		c.duplicates.Add(1)
+	case OutcomeRedelivery:
+		c.redelivered.Add(1)
+	case OutcomeDeadLettered:
+		c.deadLettered.Add(1)
+	case OutcomeRequeued:
+		c.requeued.Add(1)
+	}
+	c.inFlight.Add(-1)
 }
 
 // Stats returns the counters.
@@ -37,6 +66,6 @@ func (b *Bus) Stats() Stats {
 		Redelivered:  b.ctr.redelivered.Load(),
 		DeadLettered: b.ctr.deadLettered.Load(),
 		Requeued:     b.ctr.requeued.Load(),
-		InFlight:     b.inFlight.Load(),
+		InFlight:     b.ctr.inFlight.Load(),
 	}
 }

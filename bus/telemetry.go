@@ -3,13 +3,9 @@ package bus
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -17,10 +13,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"gorm.io/gorm"
 
-	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
@@ -118,18 +111,19 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 	}
 }
 
-// telemetry holds the bus's tracer, propagator and instruments.
+// telemetry holds the bus's tracer, propagator and instruments; it is
+// the OpenTelemetry observer of the bus's events (observe.go).
 type telemetry struct {
+	nopObserver
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	meter  metric.Meter
 	system string // messaging.system
 
-	observers []func(Event) // events.go
+	// barewire.messages.*
+	msgPublished, msgConsumed, msgFailed, msgRetried, msgRedelivered, msgDeadLettered, msgDuplicates metric.Int64Counter
 
-	published, consumed, failed, retried, redelivered, deadLettered, duplicates metric.Int64Counter
-
-	inFlight        metric.Int64UpDownCounter
+	msgInFlight     metric.Int64UpDownCounter
 	dbOutages       metric.Int64Counter
 	dbPaused        metric.Int64UpDownCounter
 	handlerDuration metric.Float64Histogram
@@ -143,11 +137,6 @@ type telemetry struct {
 
 	outboxStats cached[outbox.Stats]
 	inboxStats  cached[inbox.Stats]
-
-	// inflight maps deliveries being handled to their observation, for
-	// the inbox's OnDuplicate hook when its context carries none.
-	inflightMu sync.Mutex
-	inflight   map[inbox.Key]*observation
 }
 
 func newTelemetry(c telemetryConfig, system string) *telemetry {
@@ -161,12 +150,10 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 		c.propagator = otel.GetTextMapPropagator()
 	}
 	t := &telemetry{
-		tracer:    c.tracerProvider.Tracer(instrumentationName),
-		prop:      c.propagator,
-		meter:     c.meterProvider.Meter(instrumentationName),
-		system:    system,
-		inflight:  map[inbox.Key]*observation{},
-		observers: c.observers,
+		tracer: c.tracerProvider.Tracer(instrumentationName),
+		prop:   c.propagator,
+		meter:  c.meterProvider.Meter(instrumentationName),
+		system: system,
 	}
 	m := t.meter
 	noop := metricnoop.Meter{}
@@ -180,19 +167,19 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 		}
 		return c
 	}
-	t.published = counter("barewire.messages.published", "Messages confirmed by the transport: published directly, relayed from the outbox, or written to the PostgreSQL transport in a transaction that committed.")
-	t.consumed = counter("barewire.messages.consumed", "Deliveries whose consumers succeeded and committed.")
-	t.failed = counter("barewire.messages.failed", "Consumer attempts that failed (each retry counts).")
-	t.retried = counter("barewire.messages.retried", "Failed attempts retried in process.")
-	t.redelivered = counter("barewire.messages.redelivered", "Messages handed back for a delayed redelivery.")
-	t.deadLettered = counter("barewire.messages.dead_lettered", "Messages moved to a dead-letter destination.")
-	t.duplicates = counter("barewire.messages.duplicates", "Deliveries the inbox skipped as already processed.")
+	t.msgPublished = counter("barewire.messages.published", "Messages confirmed by the transport: published directly, relayed from the outbox, or written to the PostgreSQL transport in a transaction that committed.")
+	t.msgConsumed = counter("barewire.messages.consumed", "Deliveries whose consumers succeeded and committed.")
+	t.msgFailed = counter("barewire.messages.failed", "Consumer attempts that failed (each retry counts).")
+	t.msgRetried = counter("barewire.messages.retried", "Failed attempts retried in process.")
+	t.msgRedelivered = counter("barewire.messages.redelivered", "Messages handed back for a delayed redelivery.")
+	t.msgDeadLettered = counter("barewire.messages.dead_lettered", "Messages moved to a dead-letter destination.")
+	t.msgDuplicates = counter("barewire.messages.duplicates", "Deliveries the inbox skipped as already processed.")
 
 	var err error
-	if t.inFlight, err = m.Int64UpDownCounter("barewire.messages.in_flight",
+	if t.msgInFlight, err = m.Int64UpDownCounter("barewire.messages.in_flight",
 		metric.WithDescription("Deliveries being handled now."), metric.WithUnit("{message}")); err != nil {
 		otel.Handle(err)
-		t.inFlight, _ = noop.Int64UpDownCounter("barewire.messages.in_flight")
+		t.msgInFlight, _ = noop.Int64UpDownCounter("barewire.messages.in_flight")
 	}
 	if t.dbOutages, err = m.Int64Counter("barewire.database.outages",
 		metric.WithDescription("Times consumption paused because the database stopped answering."), metric.WithUnit("{outage}")); err != nil {
@@ -268,10 +255,12 @@ func (b *Bus) cachedOutboxStats(ctx context.Context) (outbox.Stats, error) {
 	})
 }
 
-// startTelemetry registers the observable gauges; Start calls it once the
-// stores are open.
+// startTelemetry connects the embedded transport's settle signal and
+// registers the observable gauges; Start calls it once the stores are open.
 func (b *Bus) startTelemetry() {
-	b.startEvents()
+	if b.mem != nil {
+		b.mem.OnSettle(b.obs.settled)
+	}
 	t := b.tel
 	attrs := metric.WithAttributes(attrTablePrefix.String(b.cfg.outboxOpts.TablePrefix))
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
@@ -328,25 +317,18 @@ func (b *Bus) stopTelemetry() {
 // startPublish starts the "<type> publish" span of m, writes its trace
 // context into m's headers (so that it is stored in the outbox row and
 // carried to every consumer) and returns the function that ends it.
-//
-// The returned function ends the span. direct says the message was written
-// to the transport in the caller's transaction (the PostgreSQL transport,
-// no outbox row): the span then says so, and the published counter moves
-// when the transport sees the transaction commit (countCommitted).
-func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) (context.Context, func(err error, direct bool)) {
-	t := b.tel
-	viaOutbox := tx != nil || b.cfg.outboxOpts.PublishThroughOutbox
-	if !viaOutbox {
-		_, viaOutbox = gormstore.TxFromContext(ctx)
-	}
+// viaOutbox says m is written in a transaction; the returned function's
+// direct that it went to the transport in that transaction (the PostgreSQL
+// transport, no outbox row).
+func (t *telemetry) startPublish(ctx context.Context, m *outbox.Message, viaOutbox bool) (context.Context, func(err error, direct bool)) {
 	opType, opName := "send", "publish"
 	if viaOutbox {
 		opType = "create" // the relay sends it later
 	}
-	if kind, _ := wire.ParseDestination(m.Destination); kind == "queue" {
+	kind, dest := wire.ParseDestination(m.Destination)
+	if kind == "queue" {
 		opName = "send"
 	}
-	_, dest := wire.ParseDestination(m.Destination)
 	attrs := []attribute.KeyValue{
 		attrMsgSystem.String(t.system),
 		attrMsgDestination.String(dest),
@@ -379,26 +361,36 @@ func (b *Bus) startPublish(ctx context.Context, tx *gorm.DB, m *outbox.Message) 
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-		} else {
-			t.emitPublished(ctx, m, viaOutbox && !direct, viaOutbox)
-			if !viaOutbox {
-				// Outbox rows count when the relay has them confirmed
-				// (instrumentRelay): a rolled-back transaction publishes nothing.
-				t.published.Add(ctx, 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
-			}
 		}
 		span.End()
 	}
 }
 
-// countCommitted counts the messages the PostgreSQL transport wrote in
-// transactions that have committed (publishing with no outbox row).
-func (t *telemetry) countCommitted(msgs []*outbox.Message) {
-	t.emitCommitted(msgs)
-	for _, m := range msgs {
-		_, dest := wire.ParseDestination(m.Destination)
-		t.published.Add(context.Background(), 1, metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest)))
+// published counts a message the transport confirmed at publish; one
+// written in a transaction counts when it is delivered: a rolled-back
+// transaction publishes nothing.
+func (t *telemetry) published(ctx context.Context, m *outbox.Message, _, inTx bool) {
+	if !inTx {
+		t.msgPublished.Add(ctx, 1, publishAttrs(m))
 	}
+}
+
+// delivered counts relayed outbox rows (and their relay lag) and messages
+// the PostgreSQL transport saw commit.
+func (t *telemetry) delivered(msgs []*outbox.Message, viaOutbox bool) {
+	now := time.Now()
+	for _, m := range msgs {
+		attrs := publishAttrs(m)
+		t.msgPublished.Add(context.Background(), 1, attrs)
+		if viaOutbox && !m.CreatedAt.IsZero() {
+			t.relayLag.Record(context.Background(), max(now.Sub(m.CreatedAt).Seconds(), 0), attrs)
+		}
+	}
+}
+
+func publishAttrs(m *outbox.Message) metric.MeasurementOption {
+	_, dest := wire.ParseDestination(m.Destination)
+	return metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest))
 }
 
 func spanName(messageType, fallback, op string) string {
@@ -414,25 +406,15 @@ func spanName(messageType, fallback, op string) string {
 // ---- relay ----
 
 // instrumentRelay gives the relay a "<type> send" span per message and
-// records barewire.relay.lag for every confirmed row.
+// reports the rows it had confirmed.
 func (b *Bus) instrumentRelay(r *outbox.Relay) {
-	t := b.tel
-	r.Transport = &tracedTransport{t: t, next: r.Transport}
+	r.Transport = &tracedTransport{t: b.tel, next: r.Transport}
 	prev := r.OnDelivered
 	r.OnDelivered = func(msgs []*outbox.Message) {
 		if prev != nil {
 			prev(msgs)
 		}
-		t.emitRelayed(msgs)
-		now := time.Now()
-		for _, m := range msgs {
-			_, dest := wire.ParseDestination(m.Destination)
-			attrs := metric.WithAttributes(attrMessageType.String(m.MessageType), attrDestination.String(dest))
-			t.published.Add(context.Background(), 1, attrs)
-			if !m.CreatedAt.IsZero() {
-				t.relayLag.Record(context.Background(), max(now.Sub(m.CreatedAt).Seconds(), 0), attrs)
-			}
-		}
+		b.obs.delivered(msgs, true)
 	}
 }
 
@@ -477,164 +459,73 @@ func (tt *tracedTransport) Deliver(ctx context.Context, msgs []*outbox.Message) 
 
 // ---- consume ----
 
-type observationKey struct{}
-
-// observation is what one delivery's handling noted, for its span and
-// metrics.
-type observation struct {
-	attrs    metric.MeasurementOption
-	span     trace.Span
-	attempts atomic.Int64
-	outcome  atomic.Pointer[string]
-
-	endpoint, messageID, messageType string // for events (events.go)
-	lastErr                          atomic.Pointer[error]
-	faultHeaders                     atomic.Pointer[map[string]string] // what deadLetter wrote
+// started begins the delivery's "<type> process" span (a child of the
+// publish span found in the message's headers) and counts it in flight.
+// The delivery's context carries the span, so that what its consumers
+// publish is part of the same trace.
+func (t *telemetry) started(ctx context.Context, d *delivery) context.Context {
+	metricType := d.messageType
+	if !d.knownType {
+		metricType = "_other" // bounds the attribute's values
+	}
+	d.attrs = []attribute.KeyValue{attrEndpoint.String(d.endpoint), attrMessageType.String(metricType)}
+	d.measure = metric.WithAttributes(d.attrs...)
+	md := d.msg.Metadata
+	dest := d.endpoint
+	if h := md.Get(wire.HeaderDestination); h != "" {
+		_, dest = wire.ParseDestination(h)
+	}
+	ctx = t.prop.Extract(ctx, propagation.MapCarrier(md))
+	ctx, d.span = t.tracer.Start(ctx, spanName(d.messageType, d.endpoint, "process"),
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attrMsgSystem.String(t.system),
+			attrMsgDestination.String(dest),
+			attrMsgID.String(d.msg.UUID),
+			attrMsgOpType.String("process"),
+			attrMsgOpName.String("process"),
+			attrMsgGroup.String(d.endpoint),
+			attrMsgBodySize.Int(len(d.msg.Payload)),
+			attrBWMessageType.String(d.messageType),
+		))
+	if c := md.Get(wire.HeaderCorrelationID); c != "" {
+		d.span.SetAttributes(attrMsgConversation.String(c))
+	}
+	t.msgInFlight.Add(ctx, 1, d.measure)
+	return ctx
 }
 
-func (o *observation) setOutcome(s string) { o.outcome.Store(&s) }
-
-// Outcomes of a delivery (the outcome attribute of barewire.handler.duration).
-const (
-	outcomeConsumed     = "consumed"
-	outcomeDuplicate    = "duplicate"
-	outcomeDeadLettered = "dead_lettered"
-	outcomeRedelivery   = "redelivery_scheduled"
-	outcomeRequeued     = "requeued"
-	outcomeAcked        = "acked"
-)
-
-// event is something the handler notes about a delivery.
-type event int
-
-const (
-	evConsumed event = iota
-	evRetried
-	evRedelivered
-	evDeadLettered
-)
-
-// instrument wraps an endpoint's handler with the "<type> process" span
-// (a child of the publish span found in the message's headers), the
-// in-flight counter and the duration histogram. The consumer's context
-// carries the span, so that what it publishes is part of the same trace.
-func (b *Bus) instrument(ep *endpoint.Endpoint, next message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
-	t := b.tel
-	known := ep.MessageTypes()
-	return func(msg *message.Message) error {
-		typ := msg.Metadata.Get(wire.HeaderMessageType)
-		metricType := typ
-		if !slices.Contains(known, typ) {
-			metricType = "_other" // bounds the attribute's values
-		}
-		attrs := []attribute.KeyValue{attrEndpoint.String(ep.Name()), attrMessageType.String(metricType)}
-		dest := ep.Name()
-		if d := msg.Metadata.Get(wire.HeaderDestination); d != "" {
-			_, dest = wire.ParseDestination(d)
-		}
-		ctx := t.prop.Extract(msg.Context(), propagation.MapCarrier(msg.Metadata))
-		ctx, span := t.tracer.Start(ctx, spanName(typ, ep.Name(), "process"),
-			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(
-				attrMsgSystem.String(t.system),
-				attrMsgDestination.String(dest),
-				attrMsgID.String(msg.UUID),
-				attrMsgOpType.String("process"),
-				attrMsgOpName.String("process"),
-				attrMsgGroup.String(ep.Name()),
-				attrMsgBodySize.Int(len(msg.Payload)),
-				attrBWMessageType.String(typ),
-			))
-		if c := msg.Metadata.Get(wire.HeaderCorrelationID); c != "" {
-			span.SetAttributes(attrMsgConversation.String(c))
-		}
-		o := &observation{attrs: metric.WithAttributes(attrs...), span: span,
-			endpoint: ep.Name(), messageID: msg.UUID, messageType: typ}
-		key := inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()}
-		if key.MessageID != "" {
-			t.inflightMu.Lock()
-			if _, taken := t.inflight[key]; !taken {
-				t.inflight[key] = o
-			} else {
-				key.MessageID = "" // a concurrent delivery of the same id owns the entry
-			}
-			t.inflightMu.Unlock()
-		}
-		msg.SetContext(context.WithValue(ctx, observationKey{}, o))
-
-		startAt := time.Now()
-		t.inFlight.Add(ctx, 1, o.attrs)
-		err := next(msg)
-		t.inFlight.Add(ctx, -1, o.attrs)
-
-		if key.MessageID != "" {
-			t.inflightMu.Lock()
-			delete(t.inflight, key)
-			t.inflightMu.Unlock()
-		}
-		outcome := outcomeAcked
-		if p := o.outcome.Load(); p != nil {
-			outcome = *p
-		}
-		if err != nil {
-			outcome = outcomeRequeued
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		} else if nacked(msg) {
-			outcome = outcomeRequeued // handed back without an error (inbox busy, shutdown)
-		}
-		span.SetAttributes(attrBWOutcome.String(outcome))
-		t.emitHandled(ep.Name(), typ, msg.UUID, msg.Metadata, msg.Payload, o, outcome)
-		t.handlerDuration.Record(ctx, time.Since(startAt).Seconds(), metric.WithAttributes(append(attrs, attrOutcome.String(outcome))...))
-		span.End()
-		return err
-	}
+func (t *telemetry) attemptFailed(ctx context.Context, d *delivery) {
+	t.msgFailed.Add(ctx, 1, d.measure)
+	d.span.RecordError(d.lastErr, trace.WithAttributes(attrBWAttempt.Int(int(d.attempt.Load()))))
 }
 
-// nacked reports whether the handler handed msg back to the broker.
-func nacked(msg *message.Message) bool {
-	select {
-	case <-msg.Nacked():
-		return true
-	default:
-		return false
-	}
+func (t *telemetry) retried(ctx context.Context, d *delivery) {
+	t.msgRetried.Add(ctx, 1, d.measure)
+	d.span.AddEvent("retry")
 }
 
-func observationFrom(ctx context.Context) *observation {
-	o, _ := ctx.Value(observationKey{}).(*observation)
-	return o
-}
-
-// note records an event of the delivery whose handling ctx belongs to.
-func (t *telemetry) note(ctx context.Context, ev event) {
-	o := observationFrom(ctx)
-	if o == nil {
-		return
+// handled counts the delivery's outcome, records its duration and ends its
+// span.
+func (t *telemetry) handled(ctx context.Context, d *delivery) {
+	switch d.outcome {
+	case OutcomeCommitted:
+		t.msgConsumed.Add(ctx, 1, d.measure)
+	case OutcomeDuplicate:
+		t.msgDuplicates.Add(ctx, 1, d.measure)
+		d.span.AddEvent("duplicate skipped")
+	case OutcomeRedelivery:
+		t.msgRedelivered.Add(ctx, 1, d.measure)
+		d.span.AddEvent("delayed redelivery scheduled")
+	case OutcomeDeadLettered:
+		t.msgDeadLettered.Add(ctx, 1, d.measure)
+		d.span.SetStatus(codes.Error, "dead-lettered")
 	}
-	switch ev {
-	case evConsumed:
-		o.setOutcome(outcomeConsumed)
-		t.consumed.Add(ctx, 1, o.attrs)
-	case evRetried:
-		t.retried.Add(ctx, 1, o.attrs)
-		o.span.AddEvent("retry")
-		if len(t.observers) > 0 {
-			ev := Event{Kind: EventRetried, Endpoint: o.endpoint, MessageID: o.messageID, MessageType: o.messageType, Attempt: int(o.attempts.Load())}
-			if p := o.lastErr.Load(); p != nil {
-				ev.Err = *p
-			}
-			t.emit(ev)
-		}
-	case evRedelivered:
-		o.setOutcome(outcomeRedelivery)
-		t.redelivered.Add(ctx, 1, o.attrs)
-		o.span.AddEvent("delayed redelivery scheduled")
-	case evDeadLettered:
-		o.setOutcome(outcomeDeadLettered)
-		t.deadLettered.Add(ctx, 1, o.attrs)
-		o.span.SetStatus(codes.Error, "dead-lettered")
-	}
+	t.msgInFlight.Add(ctx, -1, d.measure)
+	t.handlerDuration.Record(ctx, time.Since(d.start).Seconds(),
+		metric.WithAttributes(d.attrs[0], d.attrs[1], attrOutcome.String(d.outcome)))
+	d.span.SetAttributes(attrBWOutcome.String(d.outcome))
+	d.span.End()
 }
 
 // outage records the start (down) or end of a database outage.
@@ -645,92 +536,4 @@ func (t *telemetry) outage(ctx context.Context, down bool) {
 		return
 	}
 	t.dbPaused.Add(ctx, -1)
-}
-
-// attemptDone records a failed consumer attempt (an inbox lock held by
-// another delivery is not a failure).
-func (t *telemetry) attemptDone(ctx context.Context, attempt int, err error) {
-	o := observationFrom(ctx)
-	if o == nil {
-		return
-	}
-	o.attempts.Store(int64(attempt))
-	if err == nil || errors.Is(err, inbox.ErrBusy) {
-		return
-	}
-	o.lastErr.Store(&err)
-	t.failed.Add(ctx, 1, o.attrs)
-	o.span.RecordError(err, trace.WithAttributes(attrBWAttempt.Int(attempt)))
-}
-
-// duplicate records a delivery the inbox skipped as already processed.
-func (t *telemetry) duplicate(ctx context.Context, key inbox.Key) {
-	// The delivery's own observation first: when two deliveries of one id
-	// overlap (a redelivery after a lost connection), the map holds the
-	// first one's, or none once it finished.
-	o := observationFrom(ctx)
-	if o == nil {
-		t.inflightMu.Lock()
-		o = t.inflight[key]
-		t.inflightMu.Unlock()
-	}
-	if o == nil {
-		t.duplicates.Add(context.Background(), 1, metric.WithAttributes(attrEndpoint.String(key.ConsumerType), attrMessageType.String("_other")))
-		return
-	}
-	o.setOutcome(outcomeDuplicate)
-	o.span.AddEvent("duplicate skipped")
-	t.duplicates.Add(context.Background(), 1, o.attrs)
-}
-
-// ---- logs ----
-
-// watermillHandler adapts Watermill's log records to the bus's attribute
-// names (message_uuid → message_id, handler_name → handler) and demotes
-// "Handler returned error": the handler's errors are nacks (inbox busy,
-// shutdown) that the bus itself logs where they matter.
-type watermillHandler struct{ next slog.Handler }
-
-func (h watermillHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.next.Enabled(ctx, l)
-}
-
-func (h watermillHandler) Handle(ctx context.Context, r slog.Record) error {
-	level := r.Level
-	if r.Message == "Handler returned error" && level > slog.LevelDebug {
-		level = slog.LevelDebug
-		if !h.next.Enabled(ctx, level) {
-			return nil
-		}
-	}
-	out := slog.NewRecord(r.Time, level, r.Message, r.PC)
-	r.Attrs(func(a slog.Attr) bool {
-		out.AddAttrs(renameWatermillAttr(a))
-		return true
-	})
-	return h.next.Handle(ctx, out)
-}
-
-func (h watermillHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	renamed := make([]slog.Attr, len(attrs))
-	for i, a := range attrs {
-		renamed[i] = renameWatermillAttr(a)
-	}
-	return watermillHandler{h.next.WithAttrs(renamed)}
-}
-
-func (h watermillHandler) WithGroup(name string) slog.Handler {
-	return watermillHandler{h.next.WithGroup(name)}
-}
-
-func renameWatermillAttr(a slog.Attr) slog.Attr {
-	switch a.Key {
-	case "message_uuid":
-		a.Key = "message_id"
-	case "handler_name":
-		a.Key = "handler"
-	case "err":
-		a.Key = "error"
-	}
-	return a
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -584,4 +586,180 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+type (
+	AgreeOrder  struct{ N int }
+	AgreeFlaky  struct{}
+	AgreePoison struct{}
+	AgreeLater  struct{}
+)
+
+// TestStatsAndMetricsCountEachEventOnce drives every kind of delivery
+// outcome and publish, then checks that Stats, the OpenTelemetry metrics
+// and the events an observer got say the same, and what the workload did:
+// each event is counted once, by everyone.
+func TestStatsAndMetricsCountEachEventOnce(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var mu sync.Mutex
+	handled := map[string]int64{} // EventHandled by outcome
+	var retriedEvents, publishedEvents int64
+	observe := func(ev bus.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case ev.Kind == bus.EventHandled:
+			handled[ev.Outcome]++
+		case ev.Kind == bus.EventRetried:
+			retriedEvents++
+		case ev.Kind == bus.EventPublished && !ev.InTx, ev.Kind == bus.EventRelayed:
+			publishedEvents++ // what barewire.messages.published counts
+		}
+	}
+	b := start(t, quiet(), bus.WithMeterProvider(mp), bus.WithObserver(observe),
+		bus.WithOutboxOptions(func(o *outbox.Options) { o.PollingInterval = 50 * time.Millisecond }),
+		bus.WithEndpoints(func(c *endpoint.Endpoints) {
+			c.ReceiveEndpoint("tel-agree-orders", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreeOrder]) error { return nil })
+			})
+			// Fails its first attempt after publishing (rolled back), then
+			// publishes again and commits.
+			c.ReceiveEndpoint("tel-agree-flaky", func(e *endpoint.Endpoint) {
+				e.Retry = endpoint.Immediate(1)
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreeFlaky]) error {
+					if err := c.Publish(ctx, AgreeOrder{}, bus.Headers{bus.HeaderMessageID: "from-" + c.MessageID}); err != nil {
+						return err
+					}
+					if c.Attempt == 1 {
+						return errors.New("transient")
+					}
+					return nil
+				})
+			})
+			c.ReceiveEndpoint("tel-agree-poison", func(e *endpoint.Endpoint) {
+				e.Retry = endpoint.Immediate(2)
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreePoison]) error { return errors.New("poison") })
+			})
+			// One delayed redelivery (an outbox row the relay publishes),
+			// then the dead letter.
+			c.ReceiveEndpoint("tel-agree-later", func(e *endpoint.Endpoint) {
+				e.Retry = endpoint.NoRetry()
+				e.Redelivery = []time.Duration{time.Millisecond}
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreeLater]) error { return errors.New("not yet") })
+			})
+		}))
+	ctx := context.Background()
+	publish := func(msg any, id string) {
+		t.Helper()
+		if err := b.Publish(ctx, msg, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		publish(AgreeOrder{N: i}, fmt.Sprintf("o-%d", i))
+	}
+	if err := b.Transaction(ctx, func(tx *gorm.DB) error {
+		for _, id := range []string{"o-4", "o-5"} {
+			if err := b.PublishTx(ctx, tx, AgreeOrder{}, bus.Headers{bus.HeaderMessageID: id}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rollback := errors.New("roll back")
+	if err := b.Transaction(ctx, func(tx *gorm.DB) error {
+		if err := b.PublishTx(ctx, tx, AgreeOrder{}, bus.Headers{bus.HeaderMessageID: "o-rolled-back"}); err != nil {
+			return err
+		}
+		return rollback
+	}); !errors.Is(err, rollback) {
+		t.Fatalf("transaction: %v", err)
+	}
+	for i := range 3 {
+		publish(AgreeFlaky{}, fmt.Sprintf("f-%d", i))
+	}
+	publish(AgreePoison{}, "p-0")
+	publish(AgreePoison{}, "p-1")
+	publish(AgreeLater{}, "l-0")
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 12 && s.DeadLettered == 3 })
+	publish(AgreeOrder{}, "o-0") // processed already
+	publish(AgreeOrder{}, "o-1")
+	waitStats(t, b, func(s bus.Stats) bool { return s.Duplicates == 2 })
+	// A delivery whose context ends before it reaches a verdict (the bus
+	// stopping under it) is handed back to the broker.
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	msg := message.NewMessage("o-requeued", []byte(`{}`))
+	msg.Metadata.Set(bus.HeaderMessageType, endpoint.TypeNameOf[AgreeOrder]())
+	msg.SetContext(gone)
+	if err := bus.HandleForTest(b, "tel-agree-orders", msg); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, b)
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	s := b.Stats()
+	outcome := func(o string) int64 {
+		return int64(histogramCount(t, rm, "barewire.handler.duration", attribute.String("outcome", o)))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range []struct {
+		name                string
+		stats, metric, want int64
+		events              int64
+	}{
+		// 6 orders published, 3 published by the flaky consumer's
+		// committed attempts, and the 3 flaky messages.
+		{"consumed", s.Consumed, metricSum(t, rm, "barewire.messages.consumed"), 12, handled[bus.OutcomeCommitted]},
+		{"duplicates", s.Duplicates, metricSum(t, rm, "barewire.messages.duplicates"), 2, handled[bus.OutcomeDuplicate]},
+		// 1 per flaky message, 2 per poison message.
+		{"retries", s.Retries, metricSum(t, rm, "barewire.messages.retried"), 7, retriedEvents},
+		{"redelivered", s.Redelivered, metricSum(t, rm, "barewire.messages.redelivered"), 1, handled[bus.OutcomeRedelivery]},
+		{"dead-lettered", s.DeadLettered, metricSum(t, rm, "barewire.messages.dead_lettered"), 3, handled[bus.OutcomeDeadLettered]},
+		{"requeued", s.Requeued, outcome(bus.OutcomeRequeued), 1, handled[bus.OutcomeRequeued]},
+		{"in flight", s.InFlight, metricSum(t, rm, "barewire.messages.in_flight"), 0, 0},
+	} {
+		if c.stats != c.want || c.metric != c.want || c.events != c.want {
+			t.Errorf("%s: Stats %d, metric %d, events %d; want %d", c.name, c.stats, c.metric, c.events, c.want)
+		}
+	}
+	for _, c := range []struct {
+		outcome string
+		stats   int64
+	}{{bus.OutcomeCommitted, s.Consumed}, {bus.OutcomeDuplicate, s.Duplicates}, {bus.OutcomeRedelivery, s.Redelivered},
+		{bus.OutcomeDeadLettered, s.DeadLettered}, {bus.OutcomeAcked, 0}} {
+		if got := outcome(c.outcome); got != c.stats {
+			t.Errorf("handler.duration with outcome %s: %d; Stats say %d", c.outcome, got, c.stats)
+		}
+	}
+	if n := int64(histogramCount(t, rm, "barewire.handler.duration")); n != 12+2+1+3+1 {
+		t.Errorf("handler.duration counts %d deliveries; want 19", n)
+	}
+	// Metrics without a Stats field: every failed attempt (3 flaky, 3 per
+	// poison message, 2 of the redelivered one), and every message the
+	// transport took: 12 published directly, the 2 rows of the committed
+	// transaction, the 3 the flaky consumer committed, and the
+	// redelivery's row; nothing of the rolled-back transaction.
+	if got := metricSum(t, rm, "barewire.messages.failed"); got != 11 {
+		t.Errorf("failed = %d; want 11", got)
+	}
+	if got := metricSum(t, rm, "barewire.messages.published"); got != 18 || publishedEvents != 18 {
+		t.Errorf("published: metric %d, events %d; want 18", got, publishedEvents)
+	}
+	if got := int64(histogramCount(t, rm, "barewire.relay.lag")); got != 6 {
+		t.Errorf("relay.lag counts %d rows; want 6", got)
+	}
+	orders := []attribute.KeyValue{attribute.String("endpoint", "tel-agree-orders"), attribute.String("message_type", endpoint.TypeNameOf[AgreeOrder]())}
+	if got := metricSum(t, rm, "barewire.messages.consumed", orders...); got != 9 {
+		t.Errorf("consumed on tel-agree-orders = %d; want 9", got)
+	}
 }
