@@ -3,13 +3,10 @@ package bus
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
-	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,18 +83,7 @@ func abortedTx(err error) bool {
 // own statements, says the connection to the database failed. Only ever
 // applied to the framework's statements: a consumer's network error is the
 // consumer's.
-func connectionClass(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
-		return true
-	}
-	if code := pgerr.SQLState(err); code != "" {
-		// Class 08: connection exception; 57P01-03: the server is shutting
-		// down, crashed, or not accepting connections yet.
-		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
-	}
-	var ne net.Error
-	return pgerr.IsConnectError(err) || errors.As(err, &ne)
-}
+func connectionClass(err error) bool { return pgerr.ConnectionClass(err) }
 
 // probeTimeout bounds one database probe: a database that does not answer
 // a ping within it counts as down.

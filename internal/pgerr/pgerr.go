@@ -5,8 +5,12 @@
 package pgerr
 
 import (
+	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"net"
 	"reflect"
+	"strings"
 )
 
 // SQLState returns the SQLSTATE of the first error in err's chain that
@@ -67,4 +71,25 @@ func chain(err error) []error {
 	}
 	walk(err)
 	return out
+}
+
+// ConnectionClass reports whether err says the connection to the server
+// failed rather than the statement: database/sql's bad or closed
+// connection, SQLSTATE class 08 (connection exception) or 57P01-03 (the
+// server is shutting down, crashed, or not accepting connections yet), a
+// failed connection attempt, or a network error. Apply it only to the
+// framework's own statements: a consumer's network error is the
+// consumer's.
+func ConnectionClass(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	if code := SQLState(err); code != "" {
+		return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
+	}
+	var ne net.Error
+	return IsConnectError(err) || errors.As(err, &ne)
 }

@@ -172,3 +172,29 @@ func TestIsCommitRollback(t *testing.T) {
 		}
 	})
 }
+
+// TestConnectionClass: what the bus and the PostgreSQL transport count as
+// "the database is unreachable" rather than a verdict on the statement.
+func TestConnectionClass(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"terminated session 57P01", wrapped(&pgconn.PgError{Code: "57P01"}), true},
+		{"cannot connect now 57P03", wrapped(&pgconn.PgError{Code: "57P03"}), true},
+		{"connection failure 08006", &pq.Error{Code: "08006"}, true},
+		{"unique violation 23505", wrapped(&pgconn.PgError{Code: "23505"}), false},
+		{"invalid text 22021", &pgconn.PgError{Code: "22021"}, false},
+		{"bad conn", fmt.Errorf("x: %w", errBadConn()), true},
+		{"network", wrapped(&net.OpError{Op: "read", Err: errors.New("reset")}), true},
+		{"plain", errors.New("consumer said no"), false},
+	} {
+		if got := pgerr.ConnectionClass(c.err); got != c.want {
+			t.Errorf("%s: ConnectionClass = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func errBadConn() error { return sql.ErrConnDone }

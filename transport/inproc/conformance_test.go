@@ -14,6 +14,7 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
 			return inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) })
 		},
+		NackGoesBehind: true,
 		// The in-process transport's "connection" is its hand-over to
 		// consumers: DropConnection takes back unsettled deliveries.
 		Reconnect: func(t *testing.T, tr transport.Transport) {

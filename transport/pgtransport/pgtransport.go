@@ -23,6 +23,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/pgerr"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/internal/xactwatch"
 	"github.com/barewire-go/barewire/outbox"
@@ -204,10 +205,18 @@ func (t *Transport) Database() *gorm.DB { return t.db }
 func (t *Transport) System() string { return "postgresql" }
 
 // Build validates the configuration and readies the transport; it does no
-// I/O. It may be called once.
+// I/O. It may be called again until the transport is started (a bus.New
+// that failed can be retried with the same transport); the last call
+// counts.
 func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
+	t.mu.Lock()
+	started := t.started
+	t.mu.Unlock()
+	if started {
+		return nil, errors.New("pgtransport: this transport is already started for a bus; call New for each bus")
+	}
 	if t.built {
-		return nil, errors.New("pgtransport: this transport was already built for a bus; call New for each bus")
+		t.cancel() // built before by a New that failed: build afresh
 	}
 	db, cfg := t.db, t.cfg
 	if db == nil || db.Config == nil || db.Dialector == nil {
@@ -373,7 +382,7 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 		return errs
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(idx) > 1 {
+	if errors.As(err, &pgErr) && !pgerr.ConnectionClass(err) && len(idx) > 1 {
 		// The server refused the batch (say, an id PostgreSQL cannot
 		// store): deliver one by one so that only the bad message fails.
 		for _, i := range idx {
@@ -622,10 +631,11 @@ func (t *Transport) publish(ctx context.Context, pub *wsql.Publisher, msgs []*ou
 		return nil
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	if errors.As(err, &pgErr) && !pgerr.ConnectionClass(err) {
 		return fmt.Errorf("pgtransport: %w", err)
 	}
-	// Not judged by the server: connection trouble or a canceled context.
+	// Not judged by the server's verdict on the rows: connection trouble
+	// (a session terminated, the server restarting) or a canceled context.
 	return fmt.Errorf("pgtransport: %w: %w", err, outbox.ErrTransportUnavailable)
 }
 

@@ -159,4 +159,4 @@ func leaseCheck(relayLease, publishTimeout time.Duration) error {
 
 var errNotBuilt = errors.New("rabbitmq: transport not built; hand it to bus.WithTransport, or call Build first")
 
-var errBuilt = errors.New("rabbitmq: this transport was already built for a bus; call New for each bus")
+var errBuilt = errors.New("rabbitmq: this transport is already started for a bus; call New for each bus")

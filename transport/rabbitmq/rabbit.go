@@ -82,10 +82,17 @@ func (t *Transport) System() string { return "rabbitmq" }
 
 // Build validates the configuration against env (the relay's lease bounds
 // PublishTimeout) and readies the transport; it does no I/O. It may be
-// called once.
+// called again until the transport is started (a bus.New that failed can
+// be retried with the same transport); the last call counts.
 func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
-	if t.ctx != nil {
+	t.mu.Lock()
+	started := t.started
+	t.mu.Unlock()
+	if started {
 		return nil, errBuilt
+	}
+	if t.cancel != nil {
+		t.cancel() // built before by a New that failed: build afresh
 	}
 	sec, err := parseURL(t.url)
 	errs := t.cfg.check()
