@@ -3,7 +3,7 @@
 //
 // # Usage
 //
-//	db, err := gormstore.OpenPostgres(dsn) // or gormstore.OpenSQLite("app.db")
+//	db, err := postgresdb.Open(dsn) // package gormstore/postgresdb; or gormstore.OpenSQLite("app.db")
 //	store, err := gormstore.New(db)
 //	err = store.Migrate(ctx)
 //	inboxStore, outboxStore := store.Inbox(), store.Outbox()
@@ -11,6 +11,12 @@
 // Migrate creates the tables barewire_inbox and barewire_outbox (the prefix
 // is set with WithTablePrefix). Teams that run their own migration tool can
 // take the same SQL from MigrationSQL or from the files under migrations/.
+// The PostgreSQL transport's own tables are not here: package
+// transport/pgtransport owns them and their migration.
+//
+// PostgreSQL is opened by package gormstore/postgresdb, apart from this one,
+// so that a service on the embedded SQLite default, which imports
+// gormstore, does not link pgx.
 //
 // # Transactions
 //
