@@ -8,23 +8,34 @@
 // the context, Stop.
 //
 //	b, err := bus.New(
-//		bus.WithRabbitMQ(url, func(rmq *endpoint.RabbitMQ) {
-//			rmq.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
+//		bus.WithTransport(rabbitmq.New(url, func(c *rabbitmq.Config) {
+//			c.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
 //				endpoint.Consumer(e, emailNotification) // func(ctx, *endpoint.Context[PaymentReceived]) error
-//				e.PrefetchCount = 16
 //				e.ConcurrentMessageLimit = 8
 //			})
-//		}),
-//		bus.WithOutbox(db, func(o *outbox.Options) { o.InboxLockTimeout = 30 * time.Second }),
+//		})),
+//		bus.WithDatabase(db),
+//		bus.WithOutbox(func(o *outbox.Options) { o.InboxLockTimeout = 30 * time.Second }),
 //	)
 //
-// With no transport option the bus uses the embedded in-process transport;
-// with no WithOutbox it keeps its tables in an embedded SQLite database (in
-// memory unless WithSQLite names a file). Endpoint declarations are the same
-// on every transport: declare them in a func(*endpoint.Endpoints) and pass
-// it to WithEndpoints or call it from WithRabbitMQ's configure function.
-// New reports every configuration mistake at once, joined; each wraps
-// ErrInvalidOption or endpoint.ErrInvalidConfig.
+// The one way to declare receive endpoints is inside the transport's block
+// given to WithTransport: rabbitmq.New (package transport/rabbitmq),
+// pgtransport.New (transport/pgtransport) or inproc.New (transport/inproc).
+// Every transport's Config embeds endpoint.Endpoints, so a
+// func(*endpoint.Endpoints) that declares a service's endpoints serves all
+// of them: call it as declare(&c.Endpoints) inside the block. A service
+// imports only the transport package it uses, and links only its driver.
+//
+// With no WithTransport the bus uses the embedded in-process transport with
+// no endpoints; with no WithDatabase it keeps its tables in the
+// transport's database (the PostgreSQL transport) or in an embedded SQLite
+// database (in memory unless WithSQLite names a file). WithOutbox changes
+// the outbox and inbox options on whichever database that is.
+//
+// New reports every configuration mistake at once, joined: the options',
+// the endpoints' and the transport's. Each wraps ErrInvalidOption, the one
+// sentinel to test for (errors.Is(err, bus.ErrInvalidOption)); an
+// endpoint's also wraps endpoint.ErrInvalidConfig.
 //
 // # Publishing
 //
@@ -53,10 +64,11 @@
 // name).
 //
 // A failing consumer is retried in process by the endpoint's Retry policy,
-// then dead-lettered to "<endpoint>_error" (or the queue's dead-letter
-// exchange) with fault headers; errors wrapped with endpoint.Permanent,
-// undecodable bodies and unknown message types skip the retries. A panic is
-// an error with its stack in the fault headers; it never stops the process.
+// then dead-lettered to "<endpoint>_error" (or, on RabbitMQ, the queue's
+// dead-letter exchange) with fault headers; errors wrapped with
+// endpoint.Permanent, undecodable bodies and unknown message types skip the
+// retries. A panic is an error with its stack in the fault headers; it
+// never stops the process.
 //
 // # Guarantees and their limits
 //
