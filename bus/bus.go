@@ -145,7 +145,7 @@ func New(opts ...Option) (*Bus, error) {
 		c.instanceID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), wire.NewID()[:8])
 	}
 	if c.db != nil && c.sqlitePath != "" {
-		errs = append(errs, optErr("WithSQLite and WithOutbox both choose a database; keep one"))
+		errs = append(errs, optErr("WithSQLite and WithDatabase both choose a database; keep one"))
 	}
 
 	f := c.factory
@@ -201,7 +201,7 @@ func New(opts ...Option) (*Bus, error) {
 		if c.clock != nil && c.db.Dialector != nil && c.db.Dialector.Name() != gormstore.DialectSQLite {
 			errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidOption, ErrClockUnsupported))
 		} else if err != nil {
-			errs = append(errs, fmt.Errorf("%w: WithOutbox: %w", ErrInvalidOption, err))
+			errs = append(errs, fmt.Errorf("%w: WithDatabase: %w", ErrInvalidOption, err))
 		} else {
 			b.useStore(c.db, store)
 		}
