@@ -21,10 +21,11 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/bustest"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -60,7 +61,7 @@ func mounted(h http.Handler) http.Handler {
 }
 
 func endpoints() bus.Option {
-	return bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	return bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("adm-billing", func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = 2
 			e.Retry = endpoint.Interval(4, 250*time.Millisecond)
@@ -70,7 +71,7 @@ func endpoints() bus.Option {
 		c.ReceiveEndpoint("adm-audit", func(e *endpoint.Endpoint) {
 			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { return nil }, endpoint.ForTypes("AdminInvoice"))
 		})
-	})
+	}))
 }
 
 // adminBus starts a bus with the two endpoints above, stopped (and checked
@@ -233,7 +234,7 @@ func TestAdminActionsRequeueAndRelease(t *testing.T) {
 	t.Parallel()
 	logs := &syncBuffer{}
 	b := adminBus(t, bus.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
+		bus.WithOutbox(func(o *outbox.Options) { o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
 	testAdminActions(t, b)
 	// Actions are audited through the bus's logger.
 	for _, want := range []string{"admin: parked outbox rows requeued", "admin: inbox lock released", "consumer_type=adm-billing"} {
@@ -245,7 +246,7 @@ func TestAdminActionsRequeueAndRelease(t *testing.T) {
 
 func TestAdminActionsOnPostgres(t *testing.T) {
 	t.Parallel()
-	db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+	db, err := postgresdb.Open(testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestAdminActionsOnPostgres(t *testing.T) {
 			_ = sqlDB.Close()
 		}
 	})
-	b := adminBus(t, bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix; o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
+	b := adminBus(t, bus.WithDatabase(db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = prefix; o.MaxAttempts = 1; o.PollingInterval = time.Hour })).Bus
 	testAdminActions(t, b)
 }
 
