@@ -13,6 +13,8 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
+	"github.com/barewire-go/barewire/transport/inproc"
 	"github.com/barewire-go/barewire/transport/pgtransport"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
@@ -78,10 +80,12 @@ func TestDisableAutoMigrateOnTablesFromFilesSQLite(t *testing.T) {
 	}
 	rec := newRecorder()
 	b := start(t, quiet(), bus.WithSQLite(path),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.DisableAutoMigrate = true }),
-		bus.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, paymentConsumer("payments", rec), endpoint.AsMessageType("Payment"))
-		}))
+		bus.WithOutbox(func(o *outbox.Options) { o.DisableAutoMigrate = true }),
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, paymentConsumer("payments", rec), endpoint.AsMessageType("Payment"))
+			})
+		})))
 	exercise(t, b, rec, "Payment")
 }
 
@@ -90,7 +94,7 @@ func TestDisableAutoMigrateOnTablesFromFilesSQLite(t *testing.T) {
 // creating them, instead of failing at the first publish.
 func TestDisableAutoMigrateWithoutTablesFailsStart(t *testing.T) {
 	t.Parallel()
-	b, err := bus.New(quiet(), bus.WithOutboxOptions(func(o *outbox.Options) { o.DisableAutoMigrate = true }))
+	b, err := bus.New(quiet(), bus.WithOutbox(func(o *outbox.Options) { o.DisableAutoMigrate = true }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,13 +126,13 @@ func TestDisableAutoMigrateOnTablesFromFilesPostgres(t *testing.T) {
 	applyFiles(t, db, gormstore.DialectPostgres, true)
 	rec := newRecorder()
 	b := start(t, quiet(),
-		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
+		bus.WithTransport(pgtransport.New(db, func(p *pgtransport.Config) {
 			p.DisableAutoMigrate = true
 			p.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, paymentConsumer("payments", rec), endpoint.AsMessageType("Payment"))
 			})
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) {
+		})),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.DisableAutoMigrate = true
 			// Publish goes through the outbox and the relay (PublishTx
 			// writes to the queue in the caller's transaction).
@@ -151,13 +155,13 @@ func TestDisableAutoMigrateWithoutTransportTablesFailsStart(t *testing.T) {
 	db := schemaDB(t)
 	applyFiles(t, db, gormstore.DialectPostgres, false)
 	b, err := bus.New(quiet(),
-		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
+		bus.WithTransport(pgtransport.New(db, func(p *pgtransport.Config) {
 			p.DisableAutoMigrate = true
 			p.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, paymentConsumer("payments", newRecorder()))
 			})
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.DisableAutoMigrate = true }))
+		})),
+		bus.WithOutbox(func(o *outbox.Options) { o.DisableAutoMigrate = true }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +186,7 @@ func TestDisableAutoMigrateWithoutTransportTablesFailsStart(t *testing.T) {
 func schemaDB(t *testing.T) *gorm.DB {
 	t.Helper()
 	dsn := testenv.PostgresDSN(t)
-	base, err := gormstore.OpenPostgres(dsn)
+	base, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +196,7 @@ func schemaDB(t *testing.T) *gorm.DB {
 		t.Fatal(err)
 	}
 	_, schemaDSN := testenv.PostgresSchema(t, baseSQL, dsn)
-	db, err := gormstore.OpenPostgres(schemaDSN)
+	db, err := postgresdb.Open(schemaDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
