@@ -14,10 +14,10 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/gormstore/postgresdb"
-	"github.com/barewire-go/barewire/transport/inproc"
-	"github.com/barewire-go/barewire/transport/pgtransport"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/pgtransport"
 )
 
 // applyFiles runs migration files on db as they are, as a team's own
