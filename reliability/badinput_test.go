@@ -23,9 +23,10 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // badOrder is what the typed endpoint consumes.
@@ -119,7 +120,7 @@ func newBadEnv(t *testing.T) *badEnv {
 		typ: "BadOrder-" + s, rawType: "BadRaw-" + s,
 		typed: "bi-typed-" + s, raw: "bi-raw-" + s, panicking: "bi-panic-" + s,
 	}
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,19 +143,19 @@ func newBadEnv(t *testing.T) *badEnv {
 	}
 	e.b, err = bus.New(
 		bus.WithLogger(slog.New(slog.NewTextHandler(logOut, nil))),
-		bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
-			r.ReceiveEndpoint(e.typed, func(ep *endpoint.Endpoint) {
+		bus.WithTransport(rabbitmq.New(url, func(c *rabbitmq.Config) {
+			c.ReceiveEndpoint(e.typed, func(ep *endpoint.Endpoint) {
 				ep.Retry = endpoint.Immediate(1)
 				endpoint.Consumer(ep, func(ctx context.Context, c *endpoint.Context[badOrder]) error {
 					return record(e.typed)(ctx, c.Delivery)
 				}, endpoint.AsMessageType(e.typ))
 			})
-			r.ReceiveEndpoint(e.raw, func(ep *endpoint.Endpoint) {
+			c.ReceiveEndpoint(e.raw, func(ep *endpoint.Endpoint) {
 				ep.Retry = endpoint.Immediate(1)
 				endpoint.RawConsumer(ep, record(e.raw), endpoint.ForTypes(e.rawType)) // bound to its exchange
 				endpoint.RawConsumer(ep, record(e.raw))                               // and the catch-all
 			})
-			r.ReceiveEndpoint(e.panicking, func(ep *endpoint.Endpoint) {
+			c.ReceiveEndpoint(e.panicking, func(ep *endpoint.Endpoint) {
 				ep.Retry = endpoint.Immediate(1)
 				endpoint.Consumer(ep, func(ctx context.Context, c *endpoint.Context[badOrder]) error {
 					if c.Message.Note == "panic" {
@@ -163,8 +164,9 @@ func newBadEnv(t *testing.T) *badEnv {
 					return record(e.panicking)(ctx, c.Delivery)
 				}, endpoint.AsMessageType("BadPanic-"+s))
 			})
-		}),
-		bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = prefix }),
+		})),
+		bus.WithDatabase(db),
+		bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = prefix }),
 	)
 	if err != nil {
 		t.Fatal(err)

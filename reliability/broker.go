@@ -31,7 +31,7 @@ type Broker struct {
 var ErrNoCtl = errors.New("reliability: rabbitmqctl is not available (set BAREWIRE_TEST_RABBITMQCTL or put rabbitmqctl on PATH)")
 
 // connNameRE finds the OS pid in the connection name the transport gives
-// its connections ("barewire <host> pid <pid>", internal/rabbit).
+// its connections ("barewire <host> pid <pid>", transport/rabbitmq).
 var connNameRE = regexp.MustCompile(`\{"connection_name","[^"]* pid (\d+)"\}`)
 
 func (b *Broker) ctl(ctx context.Context, args ...string) ([]byte, error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/reliability"
 	"github.com/barewire-go/barewire/reliability/workload"
@@ -18,7 +19,7 @@ import (
 func TestCheckerDetectsViolations(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	ctx := context.Background()
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,10 +42,10 @@ const (
 
 // Transports a profile can run on (Profile.Transport).
 const (
-	// TransportRabbitMQ runs the processes with bus.WithRabbitMQ; the
+	// TransportRabbitMQ runs the processes on rabbitmq.New; the
 	// harness needs Env.AMQPURL and Env.Broker.
 	TransportRabbitMQ = "rabbitmq"
-	// TransportPostgres runs them with bus.WithPostgresTransport on the
+	// TransportPostgres runs them on pgtransport.New over the
 	// run's database (queue tables prefixed like the run's other tables):
 	// publishes in a transaction write queue rows in it, so there is no
 	// outbox row and no relay traffic. No broker is needed.

@@ -18,9 +18,11 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
-	"github.com/barewire-go/barewire/transport/rabbitmq"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // stallAtMark is an outbox store whose MarkDelivered stands for a relay
@@ -64,7 +66,7 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	url := testenv.AMQPURL(t)
 	ctx := context.Background()
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,14 +93,15 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 	// the one under test, so its relay stays out of the way.
 	b, err := bus.New(
 		bus.WithLogger(quiet),
-		bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) {
-			r.ReceiveEndpoint(queue, func(e *endpoint.Endpoint) {
+		bus.WithTransport(rabbitmq.New(url, func(c *rabbitmq.Config) {
+			c.ReceiveEndpoint(queue, func(e *endpoint.Endpoint) {
 				endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
 					return bus.TxFromContext(ctx).Exec(`INSERT INTO `+effects+` (message_id) VALUES (?)`, d.MessageID).Error
 				}, endpoint.ForTypes(typ))
 			})
-		}),
-		bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = busPrefix }),
+		})),
+		bus.WithDatabase(db),
+		bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = busPrefix }),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +120,7 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 	if err := src.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := rabbit.New(url, nil, quiet)
+	tr, err := rabbitmq.New(url, nil).Build(transport.Env{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

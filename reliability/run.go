@@ -23,6 +23,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/reliability/workload"
 )
 
@@ -159,7 +160,7 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	r := &run{env: env, prof: prof, names: NewNames()}
 	r.res = &Result{Profile: prof, Names: r.names, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]string{}}
 	start := time.Now()
-	db, err := gormstore.OpenPostgres(env.PostgresDSN)
+	db, err := postgresdb.Open(env.PostgresDSN)
 	if err != nil {
 		return nil, err
 	}

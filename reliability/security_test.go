@@ -15,6 +15,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/reliability"
@@ -137,7 +138,7 @@ func TestServiceNeverLogsPasswords(t *testing.T) {
 	secrets := []string{amqpPW, wrongPW, pgPW}
 
 	names := workload.Names{Run: "sec-" + sfx, Prefix: "sec_" + sfx + "_"}
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,10 +230,10 @@ func TestTableNamesValidated(t *testing.T) {
 	}
 	t.Cleanup(func() { closeGorm(db) })
 	for _, p := range bad {
-		if _, err := bus.New(bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = p })); err == nil || !strings.Contains(err.Error(), "invalid table prefix") {
+		if _, err := bus.New(bus.WithDatabase(db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = p })); err == nil || !strings.Contains(err.Error(), "invalid table prefix") {
 			t.Errorf("bus.New with prefix %q: %v; want an invalid table prefix error", p, err)
 		}
-		if _, err := bus.New(bus.WithOutboxOptions(func(o *outbox.Options) { o.TablePrefix = p })); err == nil {
+		if _, err := bus.New(bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = p })); err == nil {
 			t.Errorf("bus.New (embedded) with prefix %q: no error", p)
 		}
 		if _, err := gormstore.New(db, gormstore.WithTablePrefix(p)); err == nil {
@@ -246,7 +247,7 @@ func TestTableNamesValidated(t *testing.T) {
 		}
 	}
 	for _, p := range good {
-		if _, err := bus.New(bus.WithOutbox(db, func(o *outbox.Options) { o.TablePrefix = p })); err != nil {
+		if _, err := bus.New(bus.WithDatabase(db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = p })); err != nil {
 			t.Errorf("bus.New with valid prefix %q: %v", p, err)
 		}
 	}

@@ -70,7 +70,7 @@ func afterCommit(tx *gorm.DB, f func(time.Time)) bool {
 }
 
 // openHookedPostgres opens PostgreSQL through GORM on a hookPool with the
-// same pool bounds gormstore.OpenPostgres uses unless maxConns says more.
+// same pool bounds postgresdb.Open uses unless maxConns says more.
 func openHookedPostgres(dsn string, maxConns int, lg logger.Interface) (*gorm.DB, error) {
 	sqlDB, err := sql.Open("pgx", dsn)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // barewirePipe is the pipeline under test: BareWire on PostgreSQL and
@@ -119,7 +121,8 @@ func (p *barewirePipe) options() []bus.Option {
 		bus.WithInstanceID("barewire-bench-" + p.tag),
 		// The same *gorm.DB for the outbox and (on the PostgreSQL
 		// transport) the transport: PublishTx then writes to the queue.
-		bus.WithOutbox(p.db, func(o *outbox.Options) {
+		bus.WithDatabase(p.db),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.TablePrefix = p.prefix
 			if p.cfg.relayWorkers > 0 {
 				o.RelayWorkers = p.cfg.relayWorkers
@@ -130,12 +133,12 @@ func (p *barewirePipe) options() []bus.Option {
 		}),
 	}
 	if p.pgTransport {
-		return append(opts, bus.WithPostgresTransport(p.db, func(t *bus.PostgresTransport) {
-			t.TablePrefix = p.prefix
-			declare(&t.Endpoints)
-		}))
+		return append(opts, bus.WithTransport(pgtransport.New(p.db, func(c *pgtransport.Config) {
+			c.TablePrefix = p.prefix
+			declare(&c.Endpoints)
+		})))
 	}
-	return append(opts, bus.WithRabbitMQ(p.env.url, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }))
+	return append(opts, bus.WithTransport(rabbitmq.New(p.env.url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
 }
 
 func (p *barewirePipe) Start(ctx context.Context) error {

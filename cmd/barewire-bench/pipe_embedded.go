@@ -8,6 +8,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 // embeddedPipe is the embedded default: bus.New with no transport and no
@@ -35,11 +36,13 @@ func (p *embeddedPipe) Name() string { return "embedded" }
 func (p *embeddedPipe) Start(ctx context.Context) error {
 	b, err := bus.New(
 		bus.WithLogger(benchLogger()),
-		bus.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
-			e.ConcurrentMessageLimit = p.cfg.consumers
-			e.PrefetchCount = p.cfg.prefetch * p.cfg.consumers
-			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
-		}),
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
+				e.ConcurrentMessageLimit = p.cfg.consumers
+				e.PrefetchCount = p.cfg.prefetch * p.cfg.consumers
+				endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
+			})
+		})),
 	)
 	if err != nil {
 		return err

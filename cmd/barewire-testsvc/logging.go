@@ -42,7 +42,7 @@ type fenceWatcher struct {
 }
 
 // connectionLost matches the transports' warnings when their connection
-// drops (internal/rabbit, internal/pgtransport).
+// drops (transport/rabbitmq, transport/pgtransport).
 func connectionLost(msg string) bool { return strings.Contains(msg, "connection lost") }
 
 func newLogger(w io.Writer, level slog.Level, fenced, reconnects *atomic.Int64) *slog.Logger {

@@ -51,8 +51,11 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/reliability/workload"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 func main() {
@@ -106,7 +109,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		return err
 	}
@@ -144,21 +147,22 @@ func (s *service) newBus() error {
 		// The outbox below is on the same *gorm.DB, so PublishTx and the
 		// consumers' publishes write queue rows in their own transaction:
 		// no outbox row, no relay hop.
-		tr = bus.WithPostgresTransport(s.db, func(p *bus.PostgresTransport) {
-			declare(&p.Endpoints)
-			p.TablePrefix = cfg.Names.TransportPrefix()
-			p.Lease = cfg.PGLease
-			p.PollInterval = cfg.PollingInterval
-		})
+		tr = bus.WithTransport(pgtransport.New(s.db, func(c *pgtransport.Config) {
+			declare(&c.Endpoints)
+			c.TablePrefix = cfg.Names.TransportPrefix()
+			c.Lease = cfg.PGLease
+			c.PollInterval = cfg.PollingInterval
+		}))
 	default:
-		tr = bus.WithRabbitMQ(cfg.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) })
+		tr = bus.WithTransport(rabbitmq.New(cfg.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) }))
 	}
 	opts := []bus.Option{
 		bus.WithLogger(s.log),
 		bus.WithInstanceID(cfg.Instance),
 		bus.WithStopTimeout(cfg.StopTimeout),
 		tr,
-		bus.WithOutbox(s.db, func(o *outbox.Options) {
+		bus.WithDatabase(s.db),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.TablePrefix = cfg.Names.Prefix
 			o.InboxLockTimeout = cfg.InboxLockTimeout
 			o.RelayLease = cfg.RelayLease

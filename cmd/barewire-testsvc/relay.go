@@ -8,11 +8,11 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/transport/pgtransport"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
-	"github.com/barewire-go/barewire/outbox"
 )
 
 // relayRole is a stand-alone outbox relay: an outbox.Relay over the run's
@@ -27,25 +27,22 @@ type relayRole struct {
 	delivered atomic.Int64
 }
 
-// relayTransport is what the relay delivers through.
-type relayTransport interface {
-	outbox.Transport
-	Start(ctx context.Context, eps []*endpoint.Endpoint) error
-	Close() error
-}
-
-// newTransport returns the relay's transport: a RabbitMQ connection of its
+// newTransport builds the relay's transport: a RabbitMQ connection of its
 // own, or the PostgreSQL transport on the run's tables. (On the latter the
 // workload's publishes never reach the outbox, so the relay finds nothing
-// to deliver; it is still a correct relay.)
-func (r *relayRole) newTransport() (relayTransport, error) {
+// to deliver; it is still a correct relay.) It declares no endpoints. The
+// relay's lease bounds RabbitMQ's publish timeout, as on a bus's relay.
+func (r *relayRole) newTransport() (transport.Transport, error) {
+	env := transport.Env{Logger: r.log, RelayLease: r.cfg.RelayLease}
 	if r.cfg.Transport == transportPostgres {
-		return pgtransport.New(r.db, pgtransport.Config{
-			TablePrefix: r.cfg.Names.TransportPrefix(), Lease: r.cfg.PGLease,
-			PollInterval: r.cfg.PollingInterval, DisableAutoMigrate: true,
-		}, r.log)
+		return pgtransport.New(r.db, func(c *pgtransport.Config) {
+			c.TablePrefix = r.cfg.Names.TransportPrefix()
+			c.Lease = r.cfg.PGLease
+			c.PollInterval = r.cfg.PollingInterval
+			c.DisableAutoMigrate = true
+		}).Build(env)
 	}
-	return rabbit.New(r.cfg.AMQPURL, &endpoint.RabbitMQ{}, r.log)
+	return rabbitmq.New(r.cfg.AMQPURL, nil).Build(env)
 }
 
 func (r *relayRole) run(ctx context.Context, ready func()) error {

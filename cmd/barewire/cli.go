@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 )
 
 // Exit codes.
@@ -217,7 +218,7 @@ func (c *cli) open(create bool) (*gorm.DB, *gormstore.Store, error) {
 		}
 		db, err = gormstore.OpenSQLite(path)
 	} else {
-		db, err = gormstore.OpenPostgres(c.dsn)
+		db, err = postgresdb.Open(c.dsn)
 	}
 	if err != nil {
 		return nil, nil, err

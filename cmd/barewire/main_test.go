@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/internal/view"
@@ -70,7 +71,7 @@ func TestCLIPostgres(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	prefix := "cli_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "") + "_"
 	ok(t, "migrate", "--dsn", dsn, "--prefix", prefix)
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

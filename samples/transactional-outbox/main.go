@@ -331,7 +331,7 @@ func (a *app) outboxRows(ctx context.Context, ids []string) (map[string]*outbox.
 }
 
 // queued counts the PostgreSQL transport's queue rows that carry message
-// id, in the transport's table (bus.PostgresTransport's default prefix).
+// id, in the transport's table (pgtransport.DefaultTablePrefix).
 func (a *app) queued(ctx context.Context, id string) (int64, error) {
 	var n int64
 	err := a.b.DB().WithContext(ctx).Raw("SELECT count(*) FROM barewire_queue_messages WHERE message_id = ?", id).Scan(&n).Error

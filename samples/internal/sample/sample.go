@@ -24,8 +24,11 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // Transports that -transport selects.
@@ -104,46 +107,47 @@ func (f Flags) Kind() (string, error) {
 }
 
 // Options turns the flags into bus options. declare declares the sample's
-// endpoints on whichever transport is selected; configure, if not nil,
-// adjusts the inbox/outbox options.
+// endpoints inside the block of whichever transport is selected (the one
+// way to declare receive endpoints); configure, if not nil, adjusts the
+// inbox/outbox options.
 //
 //   - embedded: the in-process transport; the inbox and outbox in
 //     PostgreSQL when -postgres-dsn is given, in in-memory SQLite otherwise.
 //   - rabbitmq: RabbitMQ at -amqp-url; the inbox and outbox as for embedded.
 //   - postgres: the PostgreSQL transport on -postgres-dsn; its queues, the
 //     inbox and the outbox share that database.
+//
+// It links every transport, since the flag picks one at run time; a
+// program that knows its transport imports only that one's package.
 func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox.Options)) ([]bus.Option, error) {
 	kind, err := f.Kind()
 	if err != nil {
 		return nil, err
 	}
 	opts := []bus.Option{bus.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))}
+	if configure != nil {
+		opts = append(opts, bus.WithOutbox(configure))
+	}
 	if kind == TransportPostgres {
-		db, err := gormstore.OpenPostgres(f.PostgresDSN)
+		db, err := postgresdb.Open(f.PostgresDSN)
 		if err != nil {
 			return nil, err
 		}
-		// No WithOutbox: the inbox and outbox live in the transport's
+		// No WithDatabase: the inbox and outbox live in the transport's
 		// database, so PublishTx writes straight to the queue.
-		opts = append(opts, bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) { declare(&p.Endpoints) }))
-		if configure != nil {
-			opts = append(opts, bus.WithOutboxOptions(configure))
-		}
-		return opts, nil
+		return append(opts, bus.WithTransport(pgtransport.New(db, func(c *pgtransport.Config) { declare(&c.Endpoints) }))), nil
 	}
 	if kind == TransportRabbitMQ {
-		opts = append(opts, bus.WithRabbitMQ(f.AMQPURL, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }))
+		opts = append(opts, bus.WithTransport(rabbitmq.New(f.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
 	} else {
-		opts = append(opts, bus.WithEndpoints(declare))
+		opts = append(opts, bus.WithTransport(inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) })))
 	}
 	if f.PostgresDSN != "" {
-		db, err := gormstore.OpenPostgres(f.PostgresDSN)
+		db, err := postgresdb.Open(f.PostgresDSN)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, bus.WithOutbox(db, configure))
-	} else if configure != nil {
-		opts = append(opts, bus.WithOutboxOptions(configure))
+		opts = append(opts, bus.WithDatabase(db))
 	}
 	return opts, nil
 }
