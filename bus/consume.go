@@ -19,6 +19,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/plumb"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport"
@@ -299,7 +300,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	for k, v := range msg.Metadata {
 		headers[k] = v
 	}
-	d := endpoint.NewDelivery(endpoint.Delivery{
+	d := endpoint.NewDelivery(plumb.Token{}, endpoint.Delivery{
 		MessageID:     msg.UUID,
 		CorrelationID: msg.Metadata.Get(wire.HeaderCorrelationID),
 		MessageType:   typ,
@@ -383,7 +384,7 @@ func callConsumer(ctx context.Context, r *endpoint.Registration, d *endpoint.Del
 			err = &PanicError{Value: v, Stack: string(debug.Stack())}
 		}
 	}()
-	if err := r.Handle(ctx, d); err != nil {
+	if err := r.Handle(plumb.Token{}, ctx, d); err != nil {
 		return fmt.Errorf("consumer %s: %w", r.Name, err)
 	}
 	return nil

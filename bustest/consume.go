@@ -8,6 +8,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/plumb"
 	"github.com/barewire-go/barewire/internal/wire"
 )
 
@@ -46,7 +47,7 @@ func Consume[T any](h *Harness, fn endpoint.HandleFunc[T], msg T, headers bus.He
 	}
 	typ := typeOf[T]()
 	hd[bus.HeaderMessageType] = typ
-	d := endpoint.NewDelivery(endpoint.Delivery{
+	d := endpoint.NewDelivery(plumb.Token{}, endpoint.Delivery{
 		MessageID: id, CorrelationID: headers[bus.HeaderCorrelationID], MessageType: typ,
 		ContentType: endpoint.JSON.ContentType(), Headers: hd, Body: body, Endpoint: "bustest.Consume", Attempt: 1,
 	}, publisher{h.Bus})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/plumb"
 )
 
 // T is what the harness needs of a test: *testing.T and *testing.B
@@ -280,18 +281,20 @@ func (h *Harness) Seen(endpointName string) []Seen {
 func (h *Harness) wrapConsumers() {
 	for _, ep := range h.Bus.Endpoints() {
 		for _, r := range ep.Consumers() {
-			next, name, epName := r.Handle, r.Name, ep.Name()
-			r.Handle = func(ctx context.Context, d *endpoint.Delivery) error {
-				h.mu.Lock()
-				h.seen = append(h.seen, Seen{Endpoint: epName, Consumer: name, MessageType: d.MessageType,
-					MessageID: d.MessageID, Attempt: d.Attempt, Headers: d.Headers, Body: d.Body})
-				err := h.takeFault(d.MessageType)
-				h.mu.Unlock()
-				if err != nil {
-					return err
+			name, epName := r.Name, ep.Name()
+			r.WrapHandle(plumb.Token{}, func(next endpoint.DeliveryFunc) endpoint.DeliveryFunc {
+				return func(ctx context.Context, d *endpoint.Delivery) error {
+					h.mu.Lock()
+					h.seen = append(h.seen, Seen{Endpoint: epName, Consumer: name, MessageType: d.MessageType,
+						MessageID: d.MessageID, Attempt: d.Attempt, Headers: d.Headers, Body: d.Body})
+					err := h.takeFault(d.MessageType)
+					h.mu.Unlock()
+					if err != nil {
+						return err
+					}
+					return next(ctx, d)
 				}
-				return next(ctx, d)
-			}
+			})
 		}
 	}
 }

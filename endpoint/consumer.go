@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/barewire-go/barewire/internal/plumb"
 	"github.com/barewire-go/barewire/internal/wire"
 )
 
@@ -49,8 +50,9 @@ type Delivery struct {
 	publisher Publisher
 }
 
-// NewDelivery returns d bound to p for Publish and Send. The bus calls it.
-func NewDelivery(d Delivery, p Publisher) *Delivery {
+// NewDelivery returns d bound to p for Publish and Send. Only the bus
+// (and bustest) can call it: its first parameter is an internal type.
+func NewDelivery(_ plumb.Token, d Delivery, p Publisher) *Delivery {
 	d.publisher = p
 	return &d
 }
@@ -130,10 +132,25 @@ type Registration struct {
 	GoType reflect.Type
 	// Name names the consumer in logs and errors.
 	Name string
-	// Handle runs the consumer on a delivery.
-	Handle func(ctx context.Context, d *Delivery) error
+	// handle runs the consumer on a delivery.
+	handle DeliveryFunc
 
 	named bool // Name was given with Named
+}
+
+// DeliveryFunc runs a consumer on a delivery.
+type DeliveryFunc func(ctx context.Context, d *Delivery) error
+
+// Handle runs the consumer on d. Only the bus (and bustest) can call it:
+// its first parameter is an internal type.
+func (r *Registration) Handle(_ plumb.Token, ctx context.Context, d *Delivery) error {
+	return r.handle(ctx, d)
+}
+
+// WrapHandle replaces the consumer's handler with wrap(handler), for
+// bustest's recording. Only packages of this module can call it.
+func (r *Registration) WrapHandle(_ plumb.Token, wrap func(next DeliveryFunc) DeliveryFunc) {
+	r.handle = wrap(r.handle)
 }
 
 // ConsumerOption adjusts a consumer registration.
@@ -185,7 +202,7 @@ func register[T any](e *Endpoint, h Handler[T], name string, opts []ConsumerOpti
 		e.addErr(configErr("endpoint %q: consumer %q: message type name is empty", e.name, r.Name))
 		return
 	}
-	r.Handle = func(ctx context.Context, d *Delivery) error {
+	r.handle = func(ctx context.Context, d *Delivery) error {
 		var m T
 		if err := e.Serializer.Unmarshal(d.Body, &m); err != nil {
 			return Permanent(fmt.Errorf("cannot decode %s body: %w", r.MessageType, err))
@@ -203,7 +220,7 @@ func RawConsumer(e *Endpoint, fn func(ctx context.Context, d *Delivery) error, o
 		e.addErr(configErr("endpoint %q: RawConsumer: consumer function is nil", e.name))
 		return
 	}
-	r := &Registration{Name: funcName(fn), Handle: fn}
+	r := &Registration{Name: funcName(fn), handle: fn}
 	for _, o := range opts {
 		o(r)
 	}
