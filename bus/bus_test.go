@@ -16,6 +16,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -113,7 +114,7 @@ func quiet() bus.Option { return bus.WithLogger(discardLogger()) }
 func TestPublishConsumeRoundTrip(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
-	b := start(t, quiet(), bus.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("payments", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, paymentConsumer("payments", rec))
 	}))
 	ctx := context.Background()
@@ -144,7 +145,7 @@ func TestPublishConsumeRoundTrip(t *testing.T) {
 func TestNewIDWhenNoneGiven(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
-	b := start(t, quiet(), bus.ReceiveEndpoint("ids", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("ids", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, paymentConsumer("ids", rec))
 	}))
 	for i := 0; i < 2; i++ {
@@ -161,7 +162,7 @@ func TestNewIDWhenNoneGiven(t *testing.T) {
 func TestFanOutToTwoEndpointsAndDeduplication(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, paymentConsumer("email-notifications", rec))
 		})
@@ -196,7 +197,7 @@ func TestFanOutToTwoEndpointsAndDeduplication(t *testing.T) {
 func TestTypedDispatchTwoTypesOneEndpoint(t *testing.T) {
 	t.Parallel()
 	payments, refunds := newRecorder(), newRecorder()
-	b := start(t, quiet(), bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("billing", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, paymentConsumer("billing", payments))
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[RefundIssued]) error {
 			refunds.add(seen{Endpoint: "billing", MessageID: c.MessageID, Type: c.MessageType, Payment: PaymentReceived{PaymentID: c.Message.PaymentID}})
@@ -234,7 +235,7 @@ type OrderAudited struct{ OrderID string }
 func TestConsumerPublishesInItsTransactionWithCorrelation(t *testing.T) {
 	t.Parallel()
 	audits := newRecorder()
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("orders", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
 				return c.Publish(ctx, OrderAudited{OrderID: c.Message.OrderID}, nil)
@@ -259,7 +260,7 @@ func TestConsumerPublishesInItsTransactionWithCorrelation(t *testing.T) {
 func TestPublishTxCommitAndRollback(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
-	b := start(t, quiet(), bus.ReceiveEndpoint("tx-payments", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("tx-payments", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, paymentConsumer("tx-payments", rec))
 	}))
 	ctx := context.Background()
@@ -306,7 +307,7 @@ func TestRetryThenEffectOnce(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	done := make(chan struct{})
-	b := start(t, quiet(), bus.ReceiveEndpoint("flaky", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("flaky", func(e *endpoint.Endpoint) {
 		e.Retry = endpoint.Interval(3, 10*time.Millisecond)
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Order]) error {
 			tx := bus.TxFromContext(ctx)
@@ -338,7 +339,7 @@ func TestRetryThenEffectOnce(t *testing.T) {
 func TestPoisonMessagesGoToErrorQueue(t *testing.T) {
 	t.Parallel()
 	dead := make(chan *endpoint.Delivery, 4)
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("strict", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.Immediate(2)
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
@@ -389,7 +390,7 @@ func TestMissingMessageIDPolicies(t *testing.T) {
 	t.Parallel()
 	dead := make(chan *endpoint.Delivery, 1)
 	processed := make(chan string, 1)
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("needs-id", func(e *endpoint.Endpoint) {
 			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { return nil })
 		})
@@ -430,7 +431,7 @@ func TestMissingMessageIDPolicies(t *testing.T) {
 func TestValidationErrorsAreJoined(t *testing.T) {
 	t.Parallel()
 	_, err := bus.New(
-		bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		inprocEndpoints(func(c *endpoint.Endpoints) {
 			c.ReceiveEndpoint("dup", func(e *endpoint.Endpoint) { endpoint.Consumer(e, paymentConsumer("", nil)) })
 			c.ReceiveEndpoint("dup", func(e *endpoint.Endpoint) { endpoint.Consumer(e, paymentConsumer("", nil)) })
 			c.ReceiveEndpoint("nil-consumer", func(e *endpoint.Endpoint) {
@@ -448,7 +449,7 @@ func TestValidationErrorsAreJoined(t *testing.T) {
 			})
 			c.ReceiveEndpoint("", func(e *endpoint.Endpoint) {})
 		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) {
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.InboxLockTimeout = time.Hour
 			o.InboxRetention = time.Minute
 			o.PollingInterval = -time.Second
@@ -480,11 +481,19 @@ func TestValidationErrorsAreJoined(t *testing.T) {
 	}
 }
 
-func TestRabbitMQOptionShapeValidated(t *testing.T) {
+// TestTransportBuildErrorIsAnInvalidOption: what a transport's Build
+// refuses (here rabbitmq.New's URL) comes out of bus.New wrapping
+// ErrInvalidOption, with the transport's reason, and never the password.
+func TestTransportBuildErrorIsAnInvalidOption(t *testing.T) {
 	t.Parallel()
-	_, err := bus.New(bus.WithRabbitMQ("", nil))
-	if err == nil || !strings.Contains(err.Error(), "empty URL") {
-		t.Fatalf("err = %v", err)
+	for _, url := range []string{"", "http://guest:s3cret-pw@127.0.0.1:5672/", "amqp://guest:s3cret-pw@/vhost"} {
+		_, err := bus.New(bus.WithTransport(rabbitmq.New(url, nil)))
+		if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), "rabbitmq: invalid URL") {
+			t.Errorf("URL %q: New = %v; want ErrInvalidOption naming the invalid URL", url, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret-pw") {
+			t.Errorf("URL %q: the error shows the password: %v", url, err)
+		}
 	}
 }
 
@@ -493,7 +502,7 @@ func TestGracefulStopDrainsInFlight(t *testing.T) {
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var finished atomic.Bool
-	b, err := bus.New(quiet(), bus.ReceiveEndpoint("slow", func(e *endpoint.Endpoint) {
+	b, err := bus.New(quiet(), inprocEndpoint("slow", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 			close(entered)
 			<-release
@@ -579,7 +588,7 @@ func TestDelayedRedeliveryThenSuccess(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	done := make(chan string, 1)
-	b := start(t, quiet(), bus.ReceiveEndpoint("redelivered", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("redelivered", func(e *endpoint.Endpoint) {
 		e.Retry = endpoint.NoRetry()
 		e.Redelivery = []time.Duration{20 * time.Millisecond, 40 * time.Millisecond}
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
@@ -606,7 +615,7 @@ func TestDelayedRedeliveryThenSuccess(t *testing.T) {
 func TestDelayedRedeliveryExhaustedDeadLetters(t *testing.T) {
 	t.Parallel()
 	dead := make(chan *endpoint.Delivery, 1)
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("hopeless", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.Immediate(1)
 			e.Redelivery = []time.Duration{10 * time.Millisecond}
@@ -634,7 +643,7 @@ func TestHandlerTimeoutAppliesPerAttempt(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	done := make(chan struct{})
-	b := start(t, quiet(), bus.ReceiveEndpoint("timeouts", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("timeouts", func(e *endpoint.Endpoint) {
 		e.HandlerTimeout = 500 * time.Millisecond // generous: the inbox's own statements run under it too
 		e.Retry = endpoint.Immediate(1)
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
@@ -659,7 +668,7 @@ func TestHandlerTimeoutAppliesPerAttempt(t *testing.T) {
 func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
 	t.Parallel()
 	dead := make(chan struct{}, 1)
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("always-fails", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.Immediate(3)
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error { return errors.New("no") })
@@ -683,7 +692,7 @@ func TestRetriesCountedOnlyWhenRetried(t *testing.T) {
 func TestHandlerTimeoutStillDeadLetters(t *testing.T) {
 	t.Parallel()
 	dead := make(chan struct{}, 1)
-	b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("timeout-fails", func(e *endpoint.Endpoint) {
 			e.HandlerTimeout = time.Second
 			e.Retry = endpoint.Immediate(2)

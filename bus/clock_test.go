@@ -7,6 +7,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 )
 
@@ -26,12 +27,12 @@ func TestWithClockNeedsSQLite(t *testing.T) {
 	if _, err := bus.New(bus.WithClock(realClock{})); err != nil {
 		t.Fatalf("WithClock on the embedded default: %v", err)
 	}
-	db, err := gormstore.OpenPostgres(testenv.PostgresDSN(t))
+	db, err := postgresdb.Open(testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = gormstore.Close(db) })
-	_, err = bus.New(bus.WithOutbox(db, nil), bus.WithClock(realClock{}))
+	_, err = bus.New(bus.WithDatabase(db), bus.WithClock(realClock{}))
 	if !errors.Is(err, bus.ErrClockUnsupported) || !errors.Is(err, bus.ErrInvalidOption) {
 		t.Fatalf("WithClock on PostgreSQL: %v, want ErrClockUnsupported", err)
 	}

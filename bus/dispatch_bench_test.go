@@ -15,6 +15,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 type benchOrder struct {
@@ -55,15 +56,17 @@ func BenchmarkEnvelope(b *testing.B) {
 // consumer writes nothing; done receives each consumed message id.
 func startEmbedded(b *testing.B, mode endpoint.InboxMode, done chan<- string) *Bus {
 	b.Helper()
-	bs, err := New(WithLogger(benchLog()), ReceiveEndpoint("bench-orders", func(e *endpoint.Endpoint) {
-		e.Inbox = mode
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[benchOrder]) error {
-			if done != nil {
-				done <- c.MessageID
-			}
-			return nil
+	bs, err := New(WithLogger(benchLog()), WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("bench-orders", func(e *endpoint.Endpoint) {
+			e.Inbox = mode
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[benchOrder]) error {
+				if done != nil {
+					done <- c.MessageID
+				}
+				return nil
+			})
 		})
-	}))
+	})))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // could not carry, and writes nothing.
 func TestPublishRefusesWhatTransportsCannotCarry(t *testing.T) {
 	t.Parallel()
-	b := start(t, quiet(), bus.ReceiveEndpoint("edge-orders", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoint("edge-orders", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(context.Context, *endpoint.Context[PaymentReceived]) error { return nil })
 	}))
 	ctx := context.Background()
@@ -86,8 +86,8 @@ func TestInheritedCorrelationIDThatCannotBeCarriedIsDropped(t *testing.T) {
 	t.Parallel()
 	followed := make(chan string, 1)
 	failed := make(chan error, 10)
-	b := start(t, quiet(),
-		bus.ReceiveEndpoint("inherit-in", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("inherit-in", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 				err := c.Publish(ctx, RefundIssued{PaymentID: "r"}, nil)
@@ -96,13 +96,14 @@ func TestInheritedCorrelationIDThatCannotBeCarriedIsDropped(t *testing.T) {
 				}
 				return err
 			})
-		}),
-		bus.ReceiveEndpoint("inherit-out", func(e *endpoint.Endpoint) {
+		})
+		c.ReceiveEndpoint("inherit-out", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[RefundIssued]) error {
 				followed <- c.CorrelationID
 				return nil
 			})
-		}))
+		})
+	}))
 	err := bus.DeliverForTest(b, &outbox.Message{MessageID: "inherit-1", Destination: "queue:inherit-in",
 		MessageType: endpoint.TypeName(PaymentReceived{}), ContentType: "application/json",
 		CorrelationID: strings.Repeat("c", 300), Payload: []byte(`{"paymentId":"p"}`)})
@@ -121,35 +122,45 @@ func TestInheritedCorrelationIDThatCannotBeCarriedIsDropped(t *testing.T) {
 	}
 }
 
-// TestDeadLetterExchangeUnroutableInProcess: on the embedded default a dead
-// letter to a Queue.DeadLetterExchange nothing is bound to used to vanish;
-// it goes to the error queue with BW-Fault-Unroutable instead.
-func TestDeadLetterExchangeUnroutableInProcess(t *testing.T) {
+// TestInProcessRefusesRabbitMQOnlySettings: the in-process transport has
+// no queue arguments and routes every message of an exchange to each bound
+// queue, so an endpoint that sets Endpoint.Queue (a dead-letter exchange, a
+// quorum type, a TTL, ...) or binds with a routing key, arguments or to an
+// exchange is refused by bus.New, naming the endpoint, instead of having
+// its settings silently ignored. (On RabbitMQ, the dead-letter exchange is
+// TestRabbitDeadLetterExchangeUnroutableFallsBackToErrorQueue's.)
+func TestInProcessRefusesRabbitMQOnlySettings(t *testing.T) {
 	t.Parallel()
-	got := make(chan endpoint.Headers, 1)
-	b := start(t, quiet(),
-		bus.ReceiveEndpoint("dlx-doomed", func(e *endpoint.Endpoint) {
-			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
-			e.Queue.DeadLetterExchange = "dlx-nowhere"
-			endpoint.Consumer(e, func(context.Context, *endpoint.Context[PaymentReceived]) error {
-				return endpoint.Permanent(errors.New("doomed"))
-			})
-		}),
-		bus.ReceiveEndpoint("dlx-doomed_error", func(e *endpoint.Endpoint) {
-			endpoint.RawConsumer(e, func(_ context.Context, d *endpoint.Delivery) error {
-				got <- d.Headers
-				return nil
-			})
-		}))
-	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
-		t.Fatal(err)
+	consumer := func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, func(context.Context, *endpoint.Context[PaymentReceived]) error { return nil })
 	}
-	select {
-	case h := <-got:
-		if !strings.Contains(h[bus.HeaderFaultUnroutable], "dlx-nowhere") {
-			t.Errorf("%s = %q; want it to name dlx-nowhere", bus.HeaderFaultUnroutable, h[bus.HeaderFaultUnroutable])
+	for name, configure := range map[string]func(e *endpoint.Endpoint){
+		"dead-letter exchange": func(e *endpoint.Endpoint) { e.Queue.DeadLetterExchange = "dlx-nowhere" },
+		"quorum queue":         func(e *endpoint.Endpoint) { e.Queue.Type = endpoint.Quorum },
+		"message TTL":          func(e *endpoint.Endpoint) { e.Queue.MessageTTL = time.Minute },
+		"queue arguments":      func(e *endpoint.Endpoint) { e.Queue.Args = map[string]any{"x-delivery-limit": 5} },
+		"routing key":          func(e *endpoint.Endpoint) { e.Bind("orders", "eu.*") },
+		"binding arguments": func(e *endpoint.Endpoint) {
+			e.Bindings = append(e.Bindings, endpoint.Binding{Exchange: "orders", Queue: e.Name(), Args: map[string]any{"x-match": "all"}})
+		},
+		"exchange to exchange": func(e *endpoint.Endpoint) {
+			e.Bindings = append(e.Bindings, endpoint.Binding{Exchange: "orders", ToExchange: "orders-eu"})
+		},
+	} {
+		_, err := bus.New(quiet(), inprocEndpoint("refused", func(e *endpoint.Endpoint) {
+			configure(e)
+			consumer(e)
+		}))
+		if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), `inproc: endpoint "refused"`) {
+			t.Errorf("%s: New = %v; want ErrInvalidOption naming the endpoint", name, err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the dead letter vanished")
+	}
+	// A plain binding (exchange to the endpoint's queue) is the
+	// in-process transport's own routing: accepted.
+	if _, err := bus.New(quiet(), inprocEndpoint("plain", func(e *endpoint.Endpoint) {
+		e.Bind("orders", "")
+		consumer(e)
+	})); err != nil {
+		t.Errorf("plain binding: %v", err)
 	}
 }

@@ -33,8 +33,11 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // ---------------------------------------------------------------------------
@@ -73,18 +76,21 @@ type Greeting struct {
 	Name string `json:"name"`
 }
 
-// runHello runs a bus on the embedded default (in-memory SQLite and the
-// in-process transport), publishes one Greeting and waits for the consumer.
+// runHello runs a bus on the embedded default (the in-process transport
+// and in-memory SQLite), publishes one Greeting and waits for the consumer.
 func runHello(ctx context.Context) error {
 	handled := make(chan struct{}, 1)
 	b, err := bus.New(
-		bus.ReceiveEndpoint("greeter", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Greeting]) error {
-				fmt.Printf("Hello, %s (message-id %s)\n", c.Message.Name, c.MessageID)
-				handled <- struct{}{}
-				return nil
+		// The transport, and in its block the receive endpoints.
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("greeter", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[Greeting]) error {
+					fmt.Printf("Hello, %s (message-id %s)\n", c.Message.Name, c.MessageID)
+					handled <- struct{}{}
+					return nil
+				})
 			})
-		}),
+		})),
 	)
 	if err != nil {
 		return err // every configuration mistake, joined
@@ -135,8 +141,9 @@ type OrderRecord struct {
 	Status   string `json:"status"` // placed, then reserved
 }
 
-// declareOrderEndpoints declares the receive endpoints. The same function
-// serves the embedded default and RabbitMQ.
+// declareOrderEndpoints declares the receive endpoints, in the block of
+// whichever transport the service runs on: the same function serves the
+// in-process transport and RabbitMQ.
 func declareOrderEndpoints(c *endpoint.Endpoints) {
 	c.ReceiveEndpoint("order-fulfilment", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, reserveStock)
@@ -151,11 +158,11 @@ func reserveStock(ctx context.Context, c *endpoint.Context[OrderAccepted]) error
 		Update("status", "reserved").Error
 }
 
-// startOrderService starts a bus with the given transport and database
-// options (none: the embedded default), creates the service's table and
-// returns the HTTP API.
+// startOrderService starts a bus with the given options (the transport,
+// whose block calls declareOrderEndpoints, and the database), creates the
+// service's table and returns the HTTP API.
 func startOrderService(ctx context.Context, opts ...bus.Option) (*bus.Bus, http.Handler, error) {
-	b, err := bus.New(append(opts, bus.WithEndpoints(declareOrderEndpoints))...)
+	b, err := bus.New(opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -228,7 +235,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // the embedded default, through its HTTP API.
 func Example_orderService() {
 	ctx := context.Background()
-	b, api, err := startOrderService(ctx, bus.WithLogger(discardLogger()))
+	b, api, err := startOrderService(ctx,
+		bus.WithTransport(inproc.New(func(c *inproc.Config) { declareOrderEndpoints(&c.Endpoints) })),
+		bus.WithLogger(discardLogger()))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -259,13 +268,15 @@ func Example_orderServiceOnRabbitMQ() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	db, err := gormstore.OpenPostgres(os.Getenv("DATABASE_URL"))
+	db, err := postgresdb.Open(os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	b, api, err := startOrderService(ctx,
-		bus.WithRabbitMQ(os.Getenv("AMQP_URL"), nil), // endpoints come from declareOrderEndpoints
-		bus.WithOutbox(db, nil),                      // inbox and outbox tables in PostgreSQL
+		bus.WithTransport(rabbitmq.New(os.Getenv("AMQP_URL"), func(c *rabbitmq.Config) {
+			declareOrderEndpoints(&c.Endpoints)
+		})),
+		bus.WithDatabase(db), // inbox and outbox tables in PostgreSQL
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -294,24 +305,25 @@ func Example_orderServiceOnRabbitMQ() {
 // Example_configuration shows every bus option. It compiles but does not
 // run under go test.
 func Example_configuration() {
-	var db *gorm.DB // gormstore.OpenPostgres(dsn), or any *gorm.DB on PostgreSQL or SQLite
+	var db *gorm.DB // postgresdb.Open(dsn), or any *gorm.DB on PostgreSQL or SQLite
 	var logger *slog.Logger
 	amqpURL := "amqp://app:secret@127.0.0.1:5672/app"
 	// snippet:start config-bus
 	b, err := bus.New(
-		// Transport: RabbitMQ. Without it, the in-process transport.
-		bus.WithRabbitMQ(amqpURL, func(rmq *endpoint.RabbitMQ) {
-			rmq.PublishTimeout = 10 * time.Second
-			rmq.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) { /* ... */ })
-		}),
-		// Endpoints declared apart from the transport (any transport).
-		bus.WithEndpoints(func(c *endpoint.Endpoints) { /* c.ReceiveEndpoint(...) */ }),
-		bus.ReceiveEndpoint("audit", func(e *endpoint.Endpoint) { /* ... */ }),
-		// Database for the inbox and outbox tables, and their options.
-		bus.WithOutbox(db, func(o *outbox.Options) { o.RelayWorkers = 4 }),
-		// ...or, on the embedded default: options only, and an SQLite file.
-		// bus.WithOutboxOptions(func(o *outbox.Options) { ... }),
-		// bus.WithSQLite("barewire.db"),
+		// The transport, and in its block its settings and the receive
+		// endpoints: RabbitMQ here; pgtransport.New and inproc.New alike.
+		// Without it, the in-process transport with no endpoints.
+		bus.WithTransport(rabbitmq.New(amqpURL, func(c *rabbitmq.Config) {
+			c.PublishTimeout = 10 * time.Second
+			c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) { /* ... */ })
+			c.ReceiveEndpoint("audit", func(e *endpoint.Endpoint) { /* ... */ })
+		})),
+		// Database for the inbox and outbox tables. Without it, the
+		// transport's (pgtransport) or an embedded SQLite database...
+		bus.WithDatabase(db),
+		// bus.WithSQLite("barewire.db"), // ...in this file rather than in memory.
+		// The inbox and outbox options, on whichever database.
+		bus.WithOutbox(func(o *outbox.Options) { o.RelayWorkers = 4 }),
 		bus.WithLogger(logger),
 		bus.WithSerializer(endpoint.JSON),
 		bus.WithInstanceID("billing-7f9c"),
@@ -327,12 +339,14 @@ func Example_configuration() {
 func Example_configurationErrors() {
 	// snippet:start config-errors
 	_, err := bus.New(
-		bus.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
-			e.PrefetchCount = 4
-			e.ConcurrentMessageLimit = 8
-			e.Retry = endpoint.Interval(3, 0)
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) {
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+				e.PrefetchCount = 4
+				e.ConcurrentMessageLimit = 8
+				e.Retry = endpoint.Interval(3, 0)
+			})
+		})),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.InboxRetention = 10 * time.Second // not more than InboxLockTimeout (30s)
 			o.DispatchBatchSize = 50_000
 		}),
@@ -347,9 +361,9 @@ func Example_configurationErrors() {
 	// bus: invalid option: WithStopTimeout: -1s must be positive
 	// bus: invalid option: outbox options: DispatchBatchSize 50000 must be within 1–10000
 	// bus: invalid option: outbox options: InboxRetention 10s must be greater than InboxLockTimeout 30s (otherwise a crashed delivery's lock could be deleted before its redelivery)
-	// invalid configuration: endpoint "billing": ConcurrentMessageLimit 8 exceeds PrefetchCount 4; raise PrefetchCount so every handler can hold a message
-	// invalid configuration: endpoint "billing": Retry: retry interval 0s must be positive
-	// invalid configuration: endpoint "billing": no consumers; register one with endpoint.Consumer[T](e, fn)
+	// bus: invalid option: invalid configuration: endpoint "billing": ConcurrentMessageLimit 8 exceeds PrefetchCount 4; raise PrefetchCount so every handler can hold a message
+	// bus: invalid option: invalid configuration: endpoint "billing": Retry: retry interval 0s must be positive
+	// bus: invalid option: invalid configuration: endpoint "billing": no consumers; register one with endpoint.Consumer[T](e, fn)
 }
 
 // Example_rabbitMQConnection shows the RabbitMQ connection settings. It
@@ -367,15 +381,15 @@ func Example_rabbitMQConnection() {
 		if err != nil {
 			return err
 		}
-		b, err := bus.New(bus.WithRabbitMQ("amqps://app:secret@rabbit.internal:5671/app", func(rmq *endpoint.RabbitMQ) {
-			rmq.TLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}
-			rmq.ConnectTimeout = time.Minute           // Start retries a broker that is down this long
-			rmq.ReconnectMaxInterval = 5 * time.Second // cap of the reconnect backoff
-			rmq.MaxPendingPublishes = 2000             // unconfirmed publishes in flight
-			rmq.PublishTimeout = 10 * time.Second      // wait for a publisher confirm
-			rmq.Mandatory = true                       // a publish no queue receives is an error
-			rmq.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) { /* consumers */ })
-		}))
+		b, err := bus.New(bus.WithTransport(rabbitmq.New("amqps://app:secret@rabbit.internal:5671/app", func(c *rabbitmq.Config) {
+			c.TLS = &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}
+			c.ConnectTimeout = time.Minute           // Start retries a broker that is down this long
+			c.ReconnectMaxInterval = 5 * time.Second // cap of the reconnect backoff
+			c.MaxPendingPublishes = 2000             // unconfirmed publishes in flight
+			c.PublishTimeout = 10 * time.Second      // wait for a publisher confirm
+			c.Mandatory = true                       // a publish no queue receives is an error
+			c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) { /* consumers */ })
+		})))
 		// snippet:end config-rabbitmq
 		_ = b
 		return err
@@ -395,12 +409,14 @@ type InvoiceIssued struct {
 func ExampleBus_Publish() {
 	ctx := context.Background()
 	got := make(chan *endpoint.Context[InvoiceIssued], 1)
-	b := startDoc(ctx, bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
-			got <- c
-			return nil
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+				got <- c
+				return nil
+			})
 		})
-	}))
+	})))
 	defer b.Stop(ctx)
 
 	// snippet:start publish
@@ -421,12 +437,14 @@ func ExampleBus_Publish() {
 func ExampleBus_PublishTx() {
 	ctx := context.Background()
 	got := make(chan string, 2)
-	b := startDoc(ctx, bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
-			got <- c.Message.InvoiceID
-			return nil
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+				got <- c.Message.InvoiceID
+				return nil
+			})
 		})
-	}))
+	})))
 	defer b.Stop(ctx)
 
 	// snippet:start publish-tx
@@ -454,12 +472,14 @@ func ExampleBus_PublishTx() {
 func ExampleBus_Send() {
 	ctx := context.Background()
 	got := make(chan string, 3)
-	b := startDoc(ctx, bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
-			got <- c.Message.InvoiceID + " via " + c.Headers["BW-Destination"]
-			return nil
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+				got <- c.Message.InvoiceID + " via " + c.Headers["BW-Destination"]
+				return nil
+			})
 		})
-	}))
+	})))
 	defer b.Stop(ctx)
 
 	// snippet:start send
@@ -483,12 +503,14 @@ func ExampleBus_Send() {
 func ExampleRaw() {
 	ctx := context.Background()
 	got := make(chan InvoiceIssued, 1)
-	b := startDoc(ctx, bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
-			got <- c.Message
-			return nil
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+				got <- c.Message
+				return nil
+			})
 		})
-	}))
+	})))
 	defer b.Stop(ctx)
 
 	// snippet:start raw
@@ -515,7 +537,7 @@ func ExampleTxFromContext() {
 		InvoiceID string `gorm:"primaryKey"`
 		Amount    float64
 	}
-	b := startDoc(ctx, bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("payments", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
 				tx := bus.TxFromContext(ctx) // the consumer's transaction
@@ -533,7 +555,7 @@ func ExampleTxFromContext() {
 				return nil
 			})
 		})
-	}))
+	})))
 	// snippet:end consume-and-publish
 	defer b.Stop(ctx)
 	if err := b.DB().AutoMigrate(&Payment{}); err != nil {
@@ -564,13 +586,15 @@ func ExampleWithSerializer() {
 	// snippet:start serializer-use
 	b := startDoc(ctx,
 		bus.WithSerializer(xmlSerializer{}), // how this bus writes bodies
-		bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-			e.Serializer = xmlSerializer{} // how this endpoint reads them
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
-				got <- c
-				return nil
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+				e.Serializer = xmlSerializer{} // how this endpoint reads them
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
+					got <- c
+					return nil
+				})
 			})
-		}),
+		})),
 	)
 	// snippet:end serializer-use
 	defer b.Stop(ctx)
@@ -587,9 +611,11 @@ func ExampleWithSerializer() {
 
 func ExampleBus_InboxStore() {
 	ctx := context.Background()
-	b := startDoc(ctx, bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
-	}))
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
+		})
+	})))
 	defer b.Stop(ctx)
 	for range 3 { // a producer retrying with the same message-id
 		if err := b.Publish(ctx, InvoiceIssued{InvoiceID: "inv-14"}, bus.Headers{bus.HeaderMessageID: "invoice-inv-14"}); err != nil {
@@ -629,10 +655,12 @@ func ExampleBus_OutboxStore() {
 	ctx := context.Background()
 	// snippet:start outbox-park
 	b := startDoc(ctx,
-		bus.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.MaxAttempts = 1 }),
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error { return nil })
+			})
+		})),
+		bus.WithOutbox(func(o *outbox.Options) { o.MaxAttempts = 1 }),
 	)
 	defer b.Stop(ctx)
 
@@ -726,7 +754,7 @@ func Example_errorQueue() {
 	ctx := context.Background()
 	dead := make(chan *endpoint.Delivery, 1)
 	// snippet:start error-queue
-	b := startDoc(ctx, bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.Immediate(2) // 3 attempts in all
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
@@ -741,7 +769,7 @@ func Example_errorQueue() {
 				return nil
 			})
 		})
-	}))
+	})))
 	// snippet:end error-queue
 	defer b.Stop(ctx)
 	if err := b.Publish(ctx, InvoiceIssued{InvoiceID: "inv-16"}, bus.Headers{bus.HeaderMessageID: "invoice-inv-16"}); err != nil {
@@ -778,7 +806,7 @@ func Example_replayDeadLetter() {
 	var ledgerDown atomic.Bool
 	ledgerDown.Store(true)
 	booked := make(chan string, 1)
-	b := startDoc(ctx, bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := startDoc(ctx, bus.WithTransport(inproc.New(func(c *inproc.Config) {
 		c.ReceiveEndpoint("accounting", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.NoRetry()
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceIssued]) error {
@@ -802,7 +830,7 @@ func Example_replayDeadLetter() {
 				// snippet:end replay
 			})
 		})
-	}))
+	})))
 	defer b.Stop(ctx)
 	if err := b.Publish(ctx, InvoiceIssued{InvoiceID: "inv-17"}, bus.Headers{bus.HeaderMessageID: "invoice-inv-17"}); err != nil {
 		log.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // snippet:start quickstart
@@ -31,18 +33,20 @@ type Shipment struct {
 func Example() {
 	ctx := context.Background()
 	done := make(chan string)
-	b, err := bus.New( // no transport option: the embedded default (SQLite + in-process)
-		bus.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
-			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderSubmitted]) error {
-				// Writes through this transaction commit together with the
-				// inbox's processed mark: the effect happens exactly once.
-				if err := bus.TxFromContext(ctx).Create(&Shipment{OrderID: c.Message.OrderID}).Error; err != nil {
-					return err
-				}
-				done <- c.Message.OrderID
-				return nil
+	b, err := bus.New( // the in-process transport, with in-memory SQLite: the embedded default
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
+			c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
+				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderSubmitted]) error {
+					// Writes through this transaction commit together with the
+					// inbox's processed mark: the effect happens exactly once.
+					if err := bus.TxFromContext(ctx).Create(&Shipment{OrderID: c.Message.OrderID}).Error; err != nil {
+						return err
+					}
+					done <- c.Message.OrderID
+					return nil
+				})
 			})
-		}),
+		})),
 	)
 	if err != nil {
 		log.Fatal(err) // every configuration mistake, joined
@@ -75,15 +79,16 @@ func Example_rabbitMQ() {
 	run := func(ctx context.Context, amqpURL string, db *gorm.DB) error {
 		// snippet:start rabbitmq
 		b, err := bus.New(
-			bus.WithRabbitMQ(amqpURL, func(rmq *endpoint.RabbitMQ) {
-				rmq.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
+			bus.WithTransport(rabbitmq.New(amqpURL, func(c *rabbitmq.Config) {
+				c.ReceiveEndpoint("email-notifications", func(e *endpoint.Endpoint) {
 					endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[OrderSubmitted]) error {
 						return nil // send the e-mail
 					})
 					e.ConcurrentMessageLimit = 8 // PrefetchCount defaults to it
 				})
-			}),
-			bus.WithOutbox(db, func(o *outbox.Options) { o.InboxLockTimeout = 30 * time.Second }),
+			})),
+			bus.WithDatabase(db), // the inbox and outbox tables, in PostgreSQL
+			bus.WithOutbox(func(o *outbox.Options) { o.InboxLockTimeout = 30 * time.Second }),
 			bus.WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))),
 		)
 		if err != nil {

@@ -41,7 +41,7 @@ func DeliverForTest(b *Bus, m *outbox.Message) error {
 
 // RabbitConnectsForTest returns how many connections the bus's RabbitMQ
 // transport has made (1 + reconnects).
-func RabbitConnectsForTest(b *Bus) int64 { return b.tr.(*rabbit.Transport).Connects() }
+func RabbitConnectsForTest(b *Bus) int64 { return b.tr.(*rabbitmq.Transport).Connects() }
 
 // HandleForTest runs the handler of the endpoint named name on msg, as the
 // router would.

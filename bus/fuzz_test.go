@@ -17,6 +17,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/transport/inproc"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
@@ -109,7 +110,7 @@ func FuzzEnvelopeAMQP(f *testing.F) {
 		if m.MessageID == "" || m.Destination == "" {
 			t.Fatalf("accepted without an id or destination: %+v", m)
 		}
-		if err := amqpEncodable(rabbit.PublishingFor(m)); err != nil {
+		if err := amqpEncodable(rabbitmq.PublishingFor(m)); err != nil {
 			t.Fatalf("accepted a message RabbitMQ cannot carry: %v", err)
 		}
 	})
@@ -143,11 +144,13 @@ func FuzzDispatch(f *testing.F) {
 	} {
 		f.Add(s.id, s.typ, s.body)
 	}
-	b, err := New(WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), ReceiveEndpoint("fuzz", func(e *endpoint.Endpoint) {
-		e.Retry = endpoint.NoRetry()
-		endpoint.RawConsumer(e, func(context.Context, *endpoint.Delivery) error { return nil }, endpoint.ForTypes("Known"))
-		endpoint.Consumer(e, func(context.Context, *endpoint.Context[fuzzTyped]) error { return nil }, endpoint.AsMessageType("Typed"))
-	}))
+	b, err := New(WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("fuzz", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			endpoint.RawConsumer(e, func(context.Context, *endpoint.Delivery) error { return nil }, endpoint.ForTypes("Known"))
+			endpoint.Consumer(e, func(context.Context, *endpoint.Context[fuzzTyped]) error { return nil }, endpoint.AsMessageType("Typed"))
+		})
+	})))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -9,10 +9,23 @@ import (
 	"time"
 
 	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// inprocEndpoints is the in-process transport (the embedded default's) with
+// the receive endpoints declare declares in its block.
+func inprocEndpoints(declare func(c *endpoint.Endpoints)) bus.Option {
+	return bus.WithTransport(inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) }))
+}
+
+// inprocEndpoint is the in-process transport with one receive endpoint.
+func inprocEndpoint(name string, configure func(e *endpoint.Endpoint)) bus.Option {
+	return inprocEndpoints(func(c *endpoint.Endpoints) { c.ReceiveEndpoint(name, configure) })
+}
 
 // waitFor polls cond: used only where no signal exists (database state).
 func waitFor(t *testing.T, cond func() bool) {

@@ -16,9 +16,10 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // realEnv is one test's share of the real services: a unique name suffix,
@@ -39,7 +40,7 @@ func newRealEnv(t *testing.T) *realEnv {
 	t.Helper()
 	dsn := testenv.PostgresDSN(t)
 	url := testenv.AMQPURL(t)
-	db, err := gormstore.OpenPostgres(dsn)
+	db, err := postgresdb.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +90,14 @@ func (e *realEnv) typ(name string) string {
 	return n
 }
 
+// options selects RabbitMQ with the endpoints declare declares in its
+// block, and keeps the inbox and outbox in e's tables on PostgreSQL.
 func (e *realEnv) options(declare func(*endpoint.Endpoints), more ...func(*outbox.Options)) []bus.Option {
 	return []bus.Option{
 		quiet(),
-		bus.WithRabbitMQ(e.url, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }),
-		bus.WithOutbox(e.db, func(o *outbox.Options) {
+		bus.WithTransport(rabbitmq.New(e.url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })),
+		bus.WithDatabase(e.db),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.TablePrefix = e.prefix
 			for _, f := range more {
 				f(o)

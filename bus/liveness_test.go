@@ -30,6 +30,7 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // deadLetters collects what an error queue's consumer receives.
@@ -91,7 +92,7 @@ func TestConsumerErrorsAreTheConsumers(t *testing.T) {
 			t.Parallel()
 			dls := newDeadLetters()
 			var calls atomic.Int32
-			b := start(t, quiet(), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+			b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 				c.ReceiveEndpoint("charge", func(e *endpoint.Endpoint) {
 					e.Retry = endpoint.Immediate(2)
 					endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
@@ -122,13 +123,13 @@ func TestConsumerErrorsAreTheConsumers(t *testing.T) {
 }
 
 // pgOutbox puts the inbox and outbox in env's tables on db.
-func pgOutbox(env *pgEnv, db *gorm.DB, more ...func(*outbox.Options)) bus.Option {
-	return bus.WithOutbox(db, func(o *outbox.Options) {
+func pgOutbox(env *pgEnv, db *gorm.DB, more ...func(*outbox.Options)) []bus.Option {
+	return []bus.Option{bus.WithDatabase(db), bus.WithOutbox(func(o *outbox.Options) {
 		o.TablePrefix = env.prefix
 		for _, f := range more {
 			f(o)
 		}
-	})
+	})}
 }
 
 // proxied opens a pool on env's database through a proxy that can cut it off.
@@ -176,7 +177,7 @@ func TestAbortedTransactionIsTheConsumersFailure(t *testing.T) {
 	env := newPgEnv(t)
 	dls := newDeadLetters()
 	var calls atomic.Int32
-	b := start(t, quiet(), pgOutbox(env, env.db), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, append(pgOutbox(env, env.db), quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("aborts", func(e *endpoint.Endpoint) {
 			e.Retry = endpoint.Immediate(1)
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
@@ -186,7 +187,7 @@ func TestAbortedTransactionIsTheConsumersFailure(t *testing.T) {
 			})
 		})
 		c.ReceiveEndpoint("aborts_error", dls.consumer)
-	}))
+	}))...)
 	if err := b.Publish(context.Background(), PaymentReceived{PaymentID: "p"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +214,8 @@ func TestLockLostIsNotAFailure(t *testing.T) {
 	dls := newDeadLetters()
 	secondStarted := make(chan struct{})
 	var calls atomic.Int32
-	b := start(t, quiet(), pgOutbox(env, env.db, func(o *outbox.Options) { o.InboxLockTimeout = 500 * time.Millisecond }),
-		bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, append(pgOutbox(env, env.db, func(o *outbox.Options) { o.InboxLockTimeout = 500 * time.Millisecond }),
+		quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
 			c.ReceiveEndpoint("slow", func(e *endpoint.Endpoint) {
 				e.Retry = endpoint.NoRetry()
 				e.ConcurrentMessageLimit = 2
@@ -233,7 +234,7 @@ func TestLockLostIsNotAFailure(t *testing.T) {
 				})
 			})
 			c.ReceiveEndpoint("slow_error", dls.consumer)
-		}))
+		}))...)
 	h := bus.Headers{bus.HeaderMessageID: "lock-lost-1"}
 	for range 2 {
 		if err := b.Publish(context.Background(), PaymentReceived{PaymentID: "p"}, h); err != nil {
@@ -421,10 +422,10 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 	logs := &syncBuffer{}
 	var mu sync.Mutex
 	effects := map[string]int{}
-	b := start(t,
+	b := start(t, append(pgOutbox(pg, pgDB),
 		bus.WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))),
-		bus.WithRabbitMQ(amqpEnv.url, func(r *endpoint.RabbitMQ) {
-			r.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+		bus.WithTransport(rabbitmq.New(amqpEnv.url, func(c *rabbitmq.Config) {
+			c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
 				e.Queue.Type = endpoint.Quorum
 				e.Queue.Args = map[string]any{"x-delivery-limit": 5}
 				e.ConcurrentMessageLimit = 4
@@ -435,9 +436,8 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 					return nil
 				}, endpoint.AsMessageType(typ))
 			})
-		}),
-		pgOutbox(pg, pgDB),
-	)
+		})),
+	)...)
 	ctx := context.Background()
 	proxy.Cut()
 	cutAt := time.Now()
@@ -514,12 +514,12 @@ func TestStopDuringDatabaseOutage(t *testing.T) {
 	env := newPgEnv(t)
 	db, proxy := proxied(t, env)
 	ran := make(chan struct{}, 1)
-	b, err := bus.New(quiet(), pgOutbox(env, db), bus.ReceiveEndpoint("stop-in-outage", func(e *endpoint.Endpoint) {
+	b, err := bus.New(append(pgOutbox(env, db), quiet(), inprocEndpoint("stop-in-outage", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 			ran <- struct{}{}
 			return nil
 		})
-	}))
+	}))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // PublishThroughOutbox: a Publish outside a transaction leaves an outbox row
@@ -27,8 +29,8 @@ func TestPublishThroughOutboxWritesAnOutboxRow(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
 	b := start(t, quiet(),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.PublishThroughOutbox = true }),
-		bus.ReceiveEndpoint("through-outbox", func(e *endpoint.Endpoint) {
+		bus.WithOutbox(func(o *outbox.Options) { o.PublishThroughOutbox = true }),
+		inprocEndpoint("through-outbox", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, paymentConsumer("through-outbox", rec))
 		}))
 	if err := b.Publish(context.Background(), PaymentReceived{PaymentID: "p"}, nil); err != nil {
@@ -50,8 +52,8 @@ func TestDeleteOnDeliverLeavesNoRows(t *testing.T) {
 	t.Parallel()
 	rec := newRecorder()
 	b := start(t, quiet(),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.PublishThroughOutbox = true; o.DeleteOnDeliver = true }),
-		bus.ReceiveEndpoint("delete-on-deliver", func(e *endpoint.Endpoint) {
+		bus.WithOutbox(func(o *outbox.Options) { o.PublishThroughOutbox = true; o.DeleteOnDeliver = true }),
+		inprocEndpoint("delete-on-deliver", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, paymentConsumer("delete-on-deliver", rec))
 		}))
 	if err := b.Publish(context.Background(), PaymentReceived{PaymentID: "p"}, nil); err != nil {
@@ -76,7 +78,7 @@ func TestWithSQLiteFileKeepsTheInboxAcrossRestarts(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "barewire.db")
 	run := func(ids ...string) []seen {
 		rec := newRecorder()
-		b, err := bus.New(quiet(), bus.WithSQLite(path), bus.ReceiveEndpoint("sqlite-file", func(e *endpoint.Endpoint) {
+		b, err := bus.New(quiet(), bus.WithSQLite(path), inprocEndpoint("sqlite-file", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, paymentConsumer("sqlite-file", rec))
 		}))
 		if err != nil {
@@ -146,7 +148,8 @@ func TestCleanupBatchSizeBoundsEachDelete(t *testing.T) {
 	capture := &deleteCapture{Interface: logger.Discard, rows: map[string][]int64{}}
 	rec := newRecorder()
 	b := start(t, quiet(),
-		bus.WithOutbox(db.Session(&gorm.Session{Logger: capture}), func(o *outbox.Options) {
+		bus.WithDatabase(db.Session(&gorm.Session{Logger: capture})),
+		bus.WithOutbox(func(o *outbox.Options) {
 			o.CleanupBatchSize = 3
 			// The first pass runs after one interval, when all 10 rows
 			// are past their retention.
@@ -155,7 +158,7 @@ func TestCleanupBatchSizeBoundsEachDelete(t *testing.T) {
 			o.InboxLockTimeout = 100 * time.Millisecond
 			o.InboxRetention = 200 * time.Millisecond
 		}),
-		bus.ReceiveEndpoint("cleanup-batches", func(e *endpoint.Endpoint) {
+		inprocEndpoint("cleanup-batches", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, paymentConsumer("cleanup-batches", rec))
 		}))
 	err = b.Transaction(context.Background(), func(tx *gorm.DB) error {
@@ -192,8 +195,8 @@ func TestRelayLeaseMustExceedPublishTimeout(t *testing.T) {
 	t.Parallel()
 	newBus := func(lease, pt time.Duration) error {
 		_, err := bus.New(quiet(),
-			bus.WithRabbitMQ("amqp://guest:guest@127.0.0.1:5672/", func(r *endpoint.RabbitMQ) { r.PublishTimeout = pt }),
-			bus.WithOutboxOptions(func(o *outbox.Options) { o.RelayLease = lease }))
+			bus.WithTransport(rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/", func(c *rabbitmq.Config) { c.PublishTimeout = pt })),
+			bus.WithOutbox(func(o *outbox.Options) { o.RelayLease = lease }))
 		return err
 	}
 	for _, tc := range []struct {
@@ -215,5 +218,50 @@ func TestRelayLeaseMustExceedPublishTimeout(t *testing.T) {
 		case !tc.ok && (!errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), "RelayLease") || !strings.Contains(err.Error(), "PublishTimeout")):
 			t.Errorf("lease %v, publish timeout %v: %v; want ErrInvalidOption naming RelayLease and PublishTimeout", tc.lease, tc.pt, err)
 		}
+	}
+}
+
+// TestTransportAndDatabaseOptionsGivenOnce: a bus has one transport and one
+// database; WithTransport or WithDatabase given twice, or given nil (a nil
+// interface or a typed nil pointer), and WithOutbox given a nil configure
+// are refused with ErrInvalidOption naming the option.
+func TestTransportAndDatabaseOptionsGivenOnce(t *testing.T) {
+	t.Parallel()
+	db, err := gormstore.OpenSQLite("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gormstore.Close(db) })
+	var nilInproc *inproc.Transport
+	var nilRabbit *rabbitmq.Transport
+	for _, tc := range []struct {
+		name string
+		opts []bus.Option
+		want string
+	}{
+		{"WithTransport twice", []bus.Option{bus.WithTransport(inproc.New(nil)), bus.WithTransport(inproc.New(nil))}, "WithTransport given twice"},
+		{"WithTransport twice, different transports", []bus.Option{
+			bus.WithTransport(rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/", nil)), bus.WithTransport(inproc.New(nil)),
+		}, "WithTransport given twice"},
+		{"WithTransport nil", []bus.Option{bus.WithTransport(nil)}, "WithTransport: transport is nil"},
+		{"WithTransport typed nil inproc", []bus.Option{bus.WithTransport(nilInproc)}, "WithTransport: transport is nil"},
+		{"WithTransport typed nil rabbitmq", []bus.Option{bus.WithTransport(nilRabbit)}, "WithTransport: transport is nil"},
+		{"WithDatabase twice", []bus.Option{bus.WithDatabase(db), bus.WithDatabase(db)}, "WithDatabase given twice"},
+		{"WithDatabase nil", []bus.Option{bus.WithDatabase(nil)}, "WithDatabase: db is nil"},
+		{"WithOutbox nil", []bus.Option{bus.WithOutbox(nil)}, "WithOutbox: configure is nil"},
+	} {
+		_, err := bus.New(append([]bus.Option{quiet()}, tc.opts...)...)
+		if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v; want ErrInvalidOption saying %q", tc.name, err, tc.want)
+		}
+	}
+	// Once each is fine, and WithOutbox may be given more than once: each
+	// configure runs in turn.
+	var seen []int
+	_, err = bus.New(quiet(), bus.WithTransport(inproc.New(nil)), bus.WithDatabase(db),
+		bus.WithOutbox(func(*outbox.Options) { seen = append(seen, 1) }),
+		bus.WithOutbox(func(*outbox.Options) { seen = append(seen, 2) }))
+	if err != nil || !slices.Equal(seen, []int{1, 2}) {
+		t.Errorf("each option once, WithOutbox twice: New = %v, configures ran %v; want nil and [1 2]", err, seen)
 	}
 }

@@ -28,8 +28,12 @@ import (
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/pgtransport"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // pgEnv is one test's share of PostgreSQL for the PostgreSQL transport: a
@@ -65,7 +69,7 @@ func newPgEnv(t testing.TB) *pgEnv {
 // open opens another pool on the database, as another process would.
 func (e *pgEnv) open(t testing.TB) *gorm.DB {
 	t.Helper()
-	db, err := gormstore.OpenPostgres(e.dsn)
+	db, err := postgresdb.Open(e.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,16 +77,17 @@ func (e *pgEnv) open(t testing.TB) *gorm.DB {
 	return db
 }
 
-// options selects the PostgreSQL transport on db; the inbox and outbox
-// default to the same database.
+// options selects the PostgreSQL transport on db, with the endpoints
+// declare declares in its block; the inbox and outbox default to the same
+// database.
 func (e *pgEnv) options(db *gorm.DB, declare func(*endpoint.Endpoints), more ...bus.Option) []bus.Option {
 	return append([]bus.Option{
 		quiet(),
-		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
-			p.TablePrefix = e.prefix
-			declare(&p.Endpoints)
-		}),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.TablePrefix = e.prefix }),
+		bus.WithTransport(pgtransport.New(db, func(c *pgtransport.Config) {
+			c.TablePrefix = e.prefix
+			declare(&c.Endpoints)
+		})),
+		bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = e.prefix }),
 	}, more...)
 }
 
@@ -425,18 +430,55 @@ func TestPostgresTransportOptionValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = gormstore.Close(sqlite) }()
-	cases := map[string][]bus.Option{
-		"nil db":      {bus.WithPostgresTransport(nil, nil)},
-		"sqlite db":   {bus.WithPostgresTransport(sqlite, nil)},
-		"bad prefix":  {bus.WithPostgresTransport(pgDialectOnly(t), func(p *bus.PostgresTransport) { p.TablePrefix = "bad-prefix" })},
-		"twice":       {bus.WithPostgresTransport(pgDialectOnly(t), nil), bus.WithPostgresTransport(pgDialectOnly(t), nil)},
-		"and rabbit":  {bus.WithRabbitMQ("amqp://localhost", nil), bus.WithPostgresTransport(pgDialectOnly(t), nil)},
-		"short lease": {bus.WithPostgresTransport(pgDialectOnly(t), func(p *bus.PostgresTransport) { p.Lease = time.Millisecond })},
+	pg := func(configure func(c *pgtransport.Config)) bus.Option {
+		return bus.WithTransport(pgtransport.New(pgDialectOnly(t), configure))
 	}
-	for name, opts := range cases {
-		if _, err := bus.New(opts...); !errors.Is(err, bus.ErrInvalidOption) {
-			t.Errorf("%s: New = %v, want ErrInvalidOption", name, err)
+	// endpointWith declares an endpoint, with a consumer, that sets what
+	// configure sets.
+	endpointWith := func(configure func(e *endpoint.Endpoint)) func(c *pgtransport.Config) {
+		return func(c *pgtransport.Config) {
+			c.ReceiveEndpoint("refused", func(e *endpoint.Endpoint) {
+				configure(e)
+				endpoint.RawConsumer(e, func(context.Context, *endpoint.Delivery) error { return nil })
+			})
 		}
+	}
+	cases := map[string]struct {
+		opts []bus.Option
+		want string
+	}{
+		"nil db":      {[]bus.Option{bus.WithTransport(pgtransport.New(nil, nil))}, "pgtransport: db is nil"},
+		"sqlite db":   {[]bus.Option{bus.WithTransport(pgtransport.New(sqlite, nil))}, `pgtransport: db is "sqlite"`},
+		"bad prefix":  {[]bus.Option{pg(func(c *pgtransport.Config) { c.TablePrefix = "bad-prefix" })}, "bad-prefix"},
+		"twice":       {[]bus.Option{pg(nil), pg(nil)}, "WithTransport given twice"},
+		"and rabbit":  {[]bus.Option{bus.WithTransport(rabbitmq.New("amqp://localhost", nil)), pg(nil)}, "WithTransport given twice"},
+		"short lease": {[]bus.Option{pg(func(c *pgtransport.Config) { c.Lease = time.Millisecond })}, "Lease 1ms is too short"},
+		// RabbitMQ-only settings: refused, not silently ignored.
+		"queue settings": {[]bus.Option{pg(endpointWith(func(e *endpoint.Endpoint) { e.Queue.DeadLetterExchange = "dlx" }))}, `pgtransport: endpoint "refused" sets Queue`},
+		"routing key":    {[]bus.Option{pg(endpointWith(func(e *endpoint.Endpoint) { e.Bind("orders", "eu.*") }))}, `pgtransport: endpoint "refused" binds exchange "orders"`},
+	}
+	for name, tc := range cases {
+		if _, err := bus.New(tc.opts...); !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v, want ErrInvalidOption saying %q", name, err, tc.want)
+		}
+	}
+	if _, err := bus.New(pg(endpointWith(func(e *endpoint.Endpoint) { e.Bind("orders", "") }))); err != nil {
+		t.Errorf("a plain binding: New = %v; want it accepted", err)
+	}
+}
+
+// TestPostgresTransportDropConnectionUnsupported: the PostgreSQL transport
+// has no connection to drop; bus.DropConnection says so with an error
+// wrapping transport.ErrDropUnsupported, and the bus keeps running.
+func TestPostgresTransportDropConnectionUnsupported(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	b := start(t, env.options(env.db, func(*endpoint.Endpoints) {})...)
+	if err := b.DropConnection(); !errors.Is(err, transport.ErrDropUnsupported) {
+		t.Fatalf("DropConnection = %v; want transport.ErrDropUnsupported", err)
+	}
+	if err := b.Health(t.Context()); err != nil {
+		t.Fatalf("Health after the refused drop: %v", err)
 	}
 }
 
@@ -514,7 +556,7 @@ func BenchmarkPostgresTransportPublishConsume(b *testing.B) {
 	b.Run("transport=in-process", func(b *testing.B) {
 		env := newPgEnv(b)
 		benchPublishConsume(b, "Bench-"+env.suffix, func(declare func(*endpoint.Endpoints)) []bus.Option {
-			return []bus.Option{quiet(), bus.WithEndpoints(declare), bus.WithOutbox(env.db, func(o *outbox.Options) { o.TablePrefix = env.prefix })}
+			return []bus.Option{quiet(), inprocEndpoints(declare), bus.WithDatabase(env.db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = env.prefix })}
 		})
 	})
 	b.Run("transport=rabbitmq", func(b *testing.B) {
@@ -538,8 +580,8 @@ func BenchmarkPostgresTransportPublishConsume(b *testing.B) {
 			}
 		})
 		benchPublishConsume(b, typ, func(declare func(*endpoint.Endpoints)) []bus.Option {
-			return []bus.Option{quiet(), bus.WithRabbitMQ(url, func(r *endpoint.RabbitMQ) { declare(&r.Endpoints) }),
-				bus.WithOutbox(env.db, func(o *outbox.Options) { o.TablePrefix = env.prefix })}
+			return []bus.Option{quiet(), bus.WithTransport(rabbitmq.New(url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })),
+				bus.WithDatabase(env.db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = env.prefix })}
 		})
 	})
 }
@@ -598,18 +640,18 @@ type InvoiceRaised struct {
 
 // A service with PostgreSQL only: the transport, the inbox and the outbox
 // share one database.
-func ExampleWithPostgresTransport() {
+func ExampleWithTransport_postgres() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	// snippet:start postgres-transport
-	db, err := gormstore.OpenPostgres("host=127.0.0.1 user=app dbname=app sslmode=disable")
+	db, err := postgresdb.Open("host=127.0.0.1 user=app dbname=app sslmode=disable")
 	if err != nil {
 		log.Fatal(err)
 	}
 	b, err := bus.New(
-		bus.WithPostgresTransport(db, func(p *bus.PostgresTransport) {
+		bus.WithTransport(pgtransport.New(db, func(c *pgtransport.Config) {
 			// Endpoints are declared exactly as on RabbitMQ or in process.
-			p.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
 				e.ConcurrentMessageLimit = 4 // four competing consumers in this process
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[InvoiceRaised]) error {
 					// Writes through bus.TxFromContext(ctx) commit together
@@ -617,9 +659,9 @@ func ExampleWithPostgresTransport() {
 					return bus.TxFromContext(ctx).Exec("UPDATE invoices SET billed = true WHERE id = ?", c.Message.InvoiceID).Error
 				})
 			})
-		}),
+		})),
 		// Optional: the inbox/outbox options (and table prefix) as usual.
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.InboxRetention = 72 * time.Hour }),
+		bus.WithOutbox(func(o *outbox.Options) { o.InboxRetention = 72 * time.Hour }),
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -831,33 +873,5 @@ func TestPostgresTransportAcksInTheConsumersTransaction(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "lease lost") {
 		t.Errorf("the transport's ack took the in-transaction ack for a lost lease:\n%s", logs.String())
-	}
-}
-
-// TestPostgresTransportDeadLetterExchangeUnroutable: a dead letter to a
-// DeadLetterExchange no queue is bound to used to write no row (lost, the
-// original acked); it goes to the error queue with BW-Fault-Unroutable.
-func TestPostgresTransportDeadLetterExchangeUnroutable(t *testing.T) {
-	t.Parallel()
-	env := newPgEnv(t)
-	typ := "Doomed-" + env.suffix
-	ep := "doomed-" + env.suffix
-	dlx := "dlx-nowhere-" + env.suffix
-	b := start(t, env.options(env.db, func(c *endpoint.Endpoints) {
-		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
-			e.Retry = endpoint.RetryPolicy{Kind: endpoint.RetryNone}
-			e.Queue.DeadLetterExchange = dlx
-			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
-				return endpoint.Permanent(errors.New("doomed"))
-			}, endpoint.ForTypes(typ))
-		})
-	})...)
-	if err := b.Publish(context.Background(), bus.Raw{Type: typ, Body: []byte("x")}, bus.Headers{bus.HeaderMessageID: "doomed-1"}); err != nil {
-		t.Fatal(err)
-	}
-	var headers []map[string]string
-	waitFor(t, func() bool { headers, _ = env.rows(t, ep+"_error"); return len(headers) == 1 })
-	if u := headers[0][bus.HeaderFaultUnroutable]; !strings.Contains(u, dlx) {
-		t.Errorf("%s = %q; want it to name %s", bus.HeaderFaultUnroutable, u, dlx)
 	}
 }

@@ -36,8 +36,8 @@ func TestDelayedRedeliverySurvivesRestart(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "bw.db")
 			return setup{
 				options: func(declare func(*endpoint.Endpoints)) []bus.Option {
-					return []bus.Option{quiet(), bus.WithSQLite(path), bus.WithEndpoints(declare),
-						bus.WithOutboxOptions(func(o *outbox.Options) { o.PollingInterval = 100 * time.Millisecond })}
+					return []bus.Option{quiet(), bus.WithSQLite(path), inprocEndpoints(declare),
+						bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 100 * time.Millisecond })}
 				},
 				queue: "later", typ: "Later", empty: func() bool { return true }, // in memory: gone with the bus
 			}

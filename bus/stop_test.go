@@ -39,7 +39,7 @@ func TestStopWhileAConsumerPublishes(t *testing.T) {
 	stopping := &signalHandler{text: "Closing router", ch: make(chan struct{})}
 	inside := make(chan struct{})
 	b, err := bus.New(bus.WithLogger(slog.New(stopping)), bus.WithStopTimeout(time.Second),
-		bus.ReceiveEndpoint("publisher", func(e *endpoint.Endpoint) {
+		inprocEndpoint("publisher", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ping]) error {
 				close(inside)
 				<-stopping.ch

@@ -32,6 +32,8 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport/inproc"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 type TelemetryOrderPlaced struct {
@@ -51,7 +53,7 @@ func TestTelemetryTraceAcrossOutboxHop(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	confirmed := make(chan map[string]string, 1)
 	b := start(t, quiet(), bus.WithTracerProvider(tp), bus.WithPropagator(propagation.TraceContext{}),
-		bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		inprocEndpoints(func(c *endpoint.Endpoints) {
 			c.ReceiveEndpoint("tel-orders", func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[TelemetryOrderPlaced]) error {
 					return c.Publish(ctx, TelemetryOrderConfirmed{OrderID: c.Message.OrderID}, bus.Headers{bus.HeaderMessageID: "tel-confirm-1"})
@@ -247,7 +249,7 @@ func TestTelemetryMetricsAfterWorkload(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	b := start(t, quiet(), bus.WithMeterProvider(mp), bus.WithEndpoints(func(c *endpoint.Endpoints) {
+	b := start(t, quiet(), bus.WithMeterProvider(mp), inprocEndpoints(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint("tel-m-orders", func(e *endpoint.Endpoint) {
 			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[TelemetryOrderPlaced]) error { return nil })
 		})
@@ -360,7 +362,7 @@ func TestTelemetryLogsUseSnakeCaseAttributes(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.Level(-12)}))
-	b := start(t, bus.WithLogger(log), bus.ReceiveEndpoint("tel-logs", func(e *endpoint.Endpoint) {
+	b := start(t, bus.WithLogger(log), inprocEndpoint("tel-logs", func(e *endpoint.Endpoint) {
 		e.Retry = endpoint.NoRetry()
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[TelemetryPoison]) error { return errors.New("boom") })
 	}))
@@ -405,7 +407,7 @@ func checkStatus(rep bus.HealthReport, name string) string {
 
 func TestHealthRelayStalledReportsWhichCheck(t *testing.T) {
 	t.Parallel()
-	b := start(t, quiet(), bus.WithHealthThresholds(50*time.Millisecond, 1), bus.ReceiveEndpoint("tel-health", func(e *endpoint.Endpoint) {
+	b := start(t, quiet(), bus.WithHealthThresholds(50*time.Millisecond, 1), inprocEndpoint("tel-health", func(e *endpoint.Endpoint) {
 		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[TelemetryOrderPlaced]) error { return nil })
 	}))
 	mux := http.NewServeMux()
@@ -547,7 +549,7 @@ func TestHealthUnreadyWhenBrokerConnectionLost(t *testing.T) {
 	}
 	proxy := newTCPProxy(t, u.Host)
 	u.Host = proxy.Addr()
-	b := start(t, quiet(), bus.WithRabbitMQ(u.String(), nil))
+	b := start(t, quiet(), bus.WithTransport(rabbitmq.New(u.String(), nil)))
 	h := b.HealthHandler()
 
 	code, rep := healthJSON(t, h, "/health/ready")
@@ -620,8 +622,8 @@ func TestStatsAndMetricsCountEachEventOnce(t *testing.T) {
 		}
 	}
 	b := start(t, quiet(), bus.WithMeterProvider(mp), bus.WithObserver(observe),
-		bus.WithOutboxOptions(func(o *outbox.Options) { o.PollingInterval = 50 * time.Millisecond }),
-		bus.WithEndpoints(func(c *endpoint.Endpoints) {
+		bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 50 * time.Millisecond }),
+		bus.WithTransport(inproc.New(func(c *inproc.Config) {
 			c.ReceiveEndpoint("tel-agree-orders", func(e *endpoint.Endpoint) {
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreeOrder]) error { return nil })
 			})
@@ -650,7 +652,7 @@ func TestStatsAndMetricsCountEachEventOnce(t *testing.T) {
 				e.Redelivery = []time.Duration{time.Millisecond}
 				endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[AgreeLater]) error { return errors.New("not yet") })
 			})
-		}))
+		})))
 	ctx := context.Background()
 	publish := func(msg any, id string) {
 		t.Helper()
