@@ -68,29 +68,29 @@ func newInbox(s *Store) *Inbox {
 		// an expired lock. One fsync per message instead of two.
 		values = "SELECT ?, ?, {now}, {now+?}, ?, 1 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
 	}
-	in.tryLockSQL = s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
+	in.tryLockSQL = s.dialect.bind(s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
 ` + values + `
 ON CONFLICT (message_id, consumer_type) DO UPDATE
 SET expires_at = excluded.expires_at, lock_token = excluded.lock_token, attempts = {inbox}.attempts + 1
 WHERE ` + lockable + `
-RETURNING expires_at`)
-	in.readSQL = s.query(`SELECT processed_at, expires_at, lock_token,
+RETURNING expires_at`))
+	in.readSQL = s.dialect.bind(s.query(`SELECT processed_at, expires_at, lock_token,
 CASE WHEN ` + lockable + ` THEN 1 ELSE 0 END AS relockable
-FROM {inbox} WHERE message_id = ? AND consumer_type = ?`)
-	in.markSQL = s.query(`UPDATE {inbox} SET processed_at = ` + s.markClock() + `, lock_token = NULL
-WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`)
+FROM {inbox} WHERE message_id = ? AND consumer_type = ?`))
+	in.markSQL = s.dialect.bind(s.query(`UPDATE {inbox} SET processed_at = ` + s.markClock() + `, lock_token = NULL
+WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`))
 	// Takes over an abandoned (released or expired) lock too: such an entry
 	// is neither a duplicate nor a live concurrent delivery, and reporting it
 	// as existing would get the message acknowledged unprocessed.
-	in.processAndLockSQL = s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, processed_at, expires_at, lock_token, attempts)
+	in.processAndLockSQL = s.dialect.bind(s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, processed_at, expires_at, lock_token, attempts)
 VALUES (?, ?, {now}, {now}, {now}, NULL, 1)
 ON CONFLICT (message_id, consumer_type) DO UPDATE
 SET processed_at = excluded.processed_at, expires_at = excluded.expires_at, lock_token = NULL, attempts = {inbox}.attempts + 1
-WHERE ` + lockable)
+WHERE ` + lockable))
 	// Setting expires_at to now keeps the attempt count (deleting the row
 	// would lose it) while the NULL token makes the row lockable at once.
-	in.releaseSQL = s.query(`UPDATE {inbox} SET lock_token = NULL, expires_at = {now}
-WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`)
+	in.releaseSQL = s.dialect.bind(s.query(`UPDATE {inbox} SET lock_token = NULL, expires_at = {now}
+WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`))
 	in.forceReleaseSQL = s.query(`UPDATE {inbox} SET lock_token = NULL, expires_at = {now}
 WHERE message_id = ? AND consumer_type = ? AND processed_at IS NULL AND lock_token IS NOT NULL`)
 	const cleanupWhere = `(processed_at IS NOT NULL AND processed_at < {now+?})
@@ -134,38 +134,69 @@ func (in *Inbox) TryLock(ctx context.Context, key inbox.Key, timeout time.Durati
 	if timeout <= 0 {
 		return inbox.Lock{}, fmt.Errorf("gormstore: inbox lock timeout must be positive, got %v", timeout)
 	}
-	db := in.s.db.WithContext(ctx)
 	// The row can change between the upsert and the read (released, cleaned
 	// up or expired in between); a few rounds settle it.
+	shift := in.s.dialect.shift(timeout)
 	for range 5 {
 		token := uuid.NewString()
-		var acquired []inboxRow
-		if err := db.Raw(in.tryLockSQL, key.MessageID, key.ConsumerType, in.s.dialect.shift(timeout), token).Scan(&acquired).Error; err != nil {
+		acquired, expiresAt, err := in.tryLockOnce(ctx, key, shift, token)
+		if err != nil {
 			return inbox.Lock{}, fmt.Errorf("gormstore: inbox lock %s/%s: %w", key.MessageID, key.ConsumerType, err)
 		}
-		if len(acquired) == 1 {
-			return inbox.Lock{State: inbox.Acquired, Token: token, ExpiresAt: acquired[0].ExpiresAt.Time}, nil
+		if acquired {
+			return inbox.Lock{State: inbox.Acquired, Token: token, ExpiresAt: expiresAt}, nil
 		}
 
-		var rows []struct {
-			ProcessedAt dbTime  `gorm:"column:processed_at"`
-			ExpiresAt   dbTime  `gorm:"column:expires_at"`
-			LockToken   *string `gorm:"column:lock_token"`
-			Relockable  int     `gorm:"column:relockable"`
-		}
-		if err := db.Raw(in.readSQL, key.MessageID, key.ConsumerType).Scan(&rows).Error; err != nil {
+		found, processedAt, until, relockable, err := in.read(ctx, key)
+		if err != nil {
 			return inbox.Lock{}, fmt.Errorf("gormstore: inbox read %s/%s: %w", key.MessageID, key.ConsumerType, err)
 		}
 		switch {
-		case len(rows) == 0 || rows[0].Relockable == 1:
+		case !found || relockable:
 			continue // deleted or freed since the upsert: try again
-		case rows[0].ProcessedAt.Valid:
-			return inbox.Lock{State: inbox.Processed, ExpiresAt: rows[0].ExpiresAt.Time}, nil
+		case processedAt.Valid:
+			return inbox.Lock{State: inbox.Processed, ExpiresAt: until.Time}, nil
 		default:
-			return inbox.Lock{State: inbox.Busy, ExpiresAt: rows[0].ExpiresAt.Time}, nil
+			return inbox.Lock{State: inbox.Busy, ExpiresAt: until.Time}, nil
 		}
 	}
 	return inbox.Lock{}, fmt.Errorf("gormstore: inbox lock %s/%s: entry kept changing under contention", key.MessageID, key.ConsumerType)
+}
+
+// tryLockOnce runs the lock upsert (its own transaction): acquired says
+// whether it locked the entry, until expiresAt.
+func (in *Inbox) tryLockOnce(ctx context.Context, key inbox.Key, shift any, token string) (acquired bool, expiresAt time.Time, err error) {
+	rows, err := querySQL(ctx, in.s.db, in.tryLockSQL, key.MessageID, key.ConsumerType, shift, token)
+	if err != nil {
+		return false, time.Time{}, err
+	}
+	defer rows.Close()
+	if rows.Next() {
+		var exp dbTime
+		if err := rows.Scan(&exp); err != nil {
+			return false, time.Time{}, err
+		}
+		acquired, expiresAt = true, exp.Time
+	}
+	return acquired, expiresAt, rows.Err()
+}
+
+// read reads the entry key back after an upsert that did not lock it.
+func (in *Inbox) read(ctx context.Context, key inbox.Key) (found bool, processedAt, expiresAt dbTime, relockable bool, err error) {
+	rows, err := querySQL(ctx, in.s.db, in.readSQL, key.MessageID, key.ConsumerType)
+	if err != nil {
+		return false, dbTime{}, dbTime{}, false, err
+	}
+	defer rows.Close()
+	if rows.Next() {
+		var token *string
+		var rel int
+		if err := rows.Scan(&processedAt, &expiresAt, &token, &rel); err != nil {
+			return false, dbTime{}, dbTime{}, false, err
+		}
+		found, relockable = true, rel == 1
+	}
+	return found, processedAt, expiresAt, relockable, rows.Err()
 }
 
 // Process implements inbox.Store. fn receives a ctx carrying the transaction
@@ -182,11 +213,15 @@ func (in *Inbox) Process(ctx context.Context, key inbox.Key, token string, fn fu
 		if err := fn(WithTx(ctx, tx)); err != nil {
 			return err
 		}
-		res := tx.Exec(in.markSQL, key.MessageID, key.ConsumerType, token)
-		if res.Error != nil {
-			return fmt.Errorf("gormstore: inbox mark %s/%s processed: %w", key.MessageID, key.ConsumerType, res.Error)
+		res, err := execSQL(ctx, tx, in.markSQL, key.MessageID, key.ConsumerType, token)
+		if err != nil {
+			return fmt.Errorf("gormstore: inbox mark %s/%s processed: %w", key.MessageID, key.ConsumerType, err)
 		}
-		if res.RowsAffected == 0 {
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("gormstore: inbox mark %s/%s processed: %w", key.MessageID, key.ConsumerType, err)
+		}
+		if n == 0 {
 			return inbox.ErrLockLost
 		}
 		return nil
@@ -201,11 +236,13 @@ func (in *Inbox) Process(ctx context.Context, key inbox.Key, token string, fn fu
 func (in *Inbox) ProcessAndLock(ctx context.Context, key inbox.Key, fn func(ctx context.Context) error) (bool, error) {
 	var claimed bool
 	err := in.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Exec(in.processAndLockSQL, key.MessageID, key.ConsumerType)
-		if res.Error != nil {
-			return fmt.Errorf("gormstore: inbox insert %s/%s: %w", key.MessageID, key.ConsumerType, res.Error)
+		res, err := execSQL(ctx, tx, in.processAndLockSQL, key.MessageID, key.ConsumerType)
+		if err != nil {
+			return fmt.Errorf("gormstore: inbox insert %s/%s: %w", key.MessageID, key.ConsumerType, err)
 		}
-		if res.RowsAffected == 0 {
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("gormstore: inbox insert %s/%s: %w", key.MessageID, key.ConsumerType, err)
+		} else if n == 0 {
 			return errDuplicate
 		}
 		claimed = true
@@ -227,7 +264,7 @@ var errDuplicate = errors.New("gormstore: duplicate inbox entry")
 // Release implements inbox.Store. Releasing with a token that no longer
 // holds the lock (taken over, or already processed) does nothing.
 func (in *Inbox) Release(ctx context.Context, key inbox.Key, token string) error {
-	if err := in.s.db.WithContext(ctx).Exec(in.releaseSQL, key.MessageID, key.ConsumerType, token).Error; err != nil {
+	if _, err := execSQL(ctx, in.s.db, in.releaseSQL, key.MessageID, key.ConsumerType, token); err != nil {
 		return fmt.Errorf("gormstore: inbox release %s/%s: %w", key.MessageID, key.ConsumerType, err)
 	}
 	return nil

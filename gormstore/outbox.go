@@ -34,6 +34,8 @@ type Outbox struct {
 	statsSQL        string
 	listSQL         string
 	watchSQL        string
+	insertOneSQL    string // insertSQL(1, false)
+	insertOneXidSQL string // insertSQL(1, true)
 
 	// watch notifies other processes of commits (PostgreSQL only; nil on
 	// SQLite).
@@ -166,6 +168,8 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
 (SELECT MIN(created_at) FROM {outbox} WHERE status = 'pending') AS oldest_pending`)
 	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
+	o.insertOneSQL = o.buildInsertSQL(1, false)
+	o.insertOneXidSQL = o.buildInsertSQL(1, true)
 	return o
 }
 
@@ -208,13 +212,12 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 			return fmt.Errorf("gormstore: outbox add: message %s has a negative Delay %v; use 0 to send at once", m.MessageID, m.Delay)
 		}
 	}
-	tx = tx.WithContext(ctx)
 	// On PostgreSQL the first INSERT also returns the transaction id, in
 	// the same statement: one round trip per Add, which is most of
 	// PublishTx's cost.
 	watch := o.watch != nil
 	for _, part := range chunk(msgs, maxInsertRows) {
-		xid, err := o.insert(tx, part, watch)
+		xid, err := o.insert(ctx, tx, part, watch)
 		if err != nil {
 			return err
 		}
@@ -236,20 +239,10 @@ type insertedRow struct {
 
 // insert runs one INSERT; with withXid (PostgreSQL) it also returns the
 // transaction's id.
-func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (string, error) {
-	var sql strings.Builder
-	if withXid {
-		sql.WriteString("WITH ins AS (")
-	}
-	sql.WriteString("INSERT INTO ")
-	sql.WriteString(o.table)
-	sql.WriteString(" (" + insertColumns + ") VALUES ")
+func (o *Outbox) insert(ctx context.Context, tx *gorm.DB, msgs []*outbox.Message, withXid bool) (string, error) {
+	stmt := o.insertSQL(len(msgs), withXid)
 	args := make([]any, 0, len(msgs)*insertParams)
-	for i, m := range msgs {
-		if i > 0 {
-			sql.WriteString(", ")
-		}
-		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, " + o.s.dialect.shifted + ")")
+	for _, m := range msgs {
 		headers := "{}"
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
@@ -264,15 +257,9 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (stri
 		}
 		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload, o.s.dialect.shift(m.Delay))
 	}
-	sql.WriteString(" RETURNING id, created_at")
-	if withXid {
-		// pg_current_xact_id is the top-level transaction's id, also inside
-		// a savepoint (PostgreSQL 13 or later).
-		sql.WriteString(") SELECT id, created_at, CAST(pg_current_xact_id() AS text) AS xid FROM ins")
-	}
 
-	var rows []insertedRow
-	if err := tx.Raw(sql.String(), args...).Scan(&rows).Error; err != nil {
+	rows, err := o.scanInserted(ctx, tx, stmt, args, len(msgs), withXid)
+	if err != nil {
 		return "", fmt.Errorf("gormstore: outbox add: %w", err)
 	}
 	if len(rows) != len(msgs) {
@@ -280,7 +267,9 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (stri
 	}
 	// Ids are drawn in VALUES order; sorting makes the pairing independent
 	// of the order RETURNING happens to use.
-	slices.SortFunc(rows, func(a, b insertedRow) int { return cmp.Compare(a.ID, b.ID) })
+	if len(rows) > 1 {
+		slices.SortFunc(rows, func(a, b insertedRow) int { return cmp.Compare(a.ID, b.ID) })
+	}
 	for i, m := range msgs {
 		m.ID = rows[i].ID
 		m.CreatedAt = rows[i].CreatedAt.Time
@@ -290,6 +279,64 @@ func (o *Outbox) insert(tx *gorm.DB, msgs []*outbox.Message, withXid bool) (stri
 		m.DeliveredAt = nil
 	}
 	return rows[0].Xid, nil
+}
+
+// scanInserted runs the INSERT on tx's connection and reads back what it
+// returned.
+func (o *Outbox) scanInserted(ctx context.Context, tx *gorm.DB, stmt string, args []any, n int, withXid bool) ([]insertedRow, error) {
+	rs, err := querySQL(ctx, tx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	rows := make([]insertedRow, 0, n)
+	for rs.Next() {
+		var r insertedRow
+		dest := []any{&r.ID, &r.CreatedAt}
+		if withXid {
+			dest = append(dest, &r.Xid)
+		}
+		if err := rs.Scan(dest...); err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	return rows, rs.Err()
+}
+
+// insertSQL is the INSERT of n messages in the dialect's placeholders; the
+// one-message statements are built once.
+func (o *Outbox) insertSQL(n int, withXid bool) string {
+	if n == 1 {
+		if withXid {
+			return o.insertOneXidSQL
+		}
+		return o.insertOneSQL
+	}
+	return o.buildInsertSQL(n, withXid)
+}
+
+func (o *Outbox) buildInsertSQL(n int, withXid bool) string {
+	var sql strings.Builder
+	if withXid {
+		sql.WriteString("WITH ins AS (")
+	}
+	sql.WriteString("INSERT INTO ")
+	sql.WriteString(o.table)
+	sql.WriteString(" (" + insertColumns + ") VALUES ")
+	for i := range n {
+		if i > 0 {
+			sql.WriteString(", ")
+		}
+		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, " + o.s.dialect.shifted + ")")
+	}
+	sql.WriteString(" RETURNING id, created_at")
+	if withXid {
+		// pg_current_xact_id is the top-level transaction's id, also inside
+		// a savepoint (PostgreSQL 13 or later).
+		sql.WriteString(") SELECT id, created_at, CAST(pg_current_xact_id() AS text) AS xid FROM ins")
+	}
+	return o.s.dialect.bind(sql.String())
 }
 
 // Claim implements outbox.Store: up to limit claimable rows, lowest id
