@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/barewire-go/barewire/outbox"
@@ -139,9 +137,8 @@ type delivery struct {
 	outcome      string            // Outcome*, set before handled
 
 	// telemetry.go's: the process span and the metric attributes.
-	span    trace.Span
-	attrs   []attribute.KeyValue
-	measure metric.MeasurementOption
+	span  trace.Span
+	attrs *deliveryAttrs
 }
 
 func deliveryFrom(ctx context.Context) *delivery {

@@ -137,6 +137,66 @@ type telemetry struct {
 
 	outboxStats cached[outbox.Stats]
 	inboxStats  cached[inbox.Stats]
+
+	// attrMu guards attrCache: the metric attributes of deliveries by
+	// endpoint and message type ("_other" for unknown types), built once
+	// per pair since an attribute set costs allocations per use.
+	attrMu    sync.RWMutex
+	attrCache map[string]map[string]*deliveryAttrs
+}
+
+// deliveryAttrs are the metric attributes of deliveries of one message
+// type on one endpoint, and their measurement options (without and with
+// each outcome seen so far). Read-only once built, but for byOutcome.
+type deliveryAttrs struct {
+	attrs []attribute.KeyValue
+	// add is the counters' option list, built once: a variadic call with
+	// a fresh option would allocate the list on every Add.
+	add []metric.AddOption
+
+	mu        sync.RWMutex
+	byOutcome map[string][]metric.RecordOption
+}
+
+// attrsFor returns the cached attributes of endpoint and metricType.
+func (t *telemetry) attrsFor(endpoint, metricType string) *deliveryAttrs {
+	t.attrMu.RLock()
+	a := t.attrCache[endpoint][metricType]
+	t.attrMu.RUnlock()
+	if a != nil {
+		return a
+	}
+	t.attrMu.Lock()
+	defer t.attrMu.Unlock()
+	if a := t.attrCache[endpoint][metricType]; a != nil {
+		return a
+	}
+	attrs := []attribute.KeyValue{attrEndpoint.String(endpoint), attrMessageType.String(metricType)}
+	a = &deliveryAttrs{attrs: attrs, add: []metric.AddOption{metric.WithAttributes(attrs...)}, byOutcome: map[string][]metric.RecordOption{}}
+	if t.attrCache == nil {
+		t.attrCache = map[string]map[string]*deliveryAttrs{}
+	}
+	if t.attrCache[endpoint] == nil {
+		t.attrCache[endpoint] = map[string]*deliveryAttrs{}
+	}
+	t.attrCache[endpoint][metricType] = a
+	return a
+}
+
+// withOutcome returns the record options of the attributes plus outcome
+// (one of the bus's few Outcome* values).
+func (a *deliveryAttrs) withOutcome(outcome string) []metric.RecordOption {
+	a.mu.RLock()
+	m := a.byOutcome[outcome]
+	a.mu.RUnlock()
+	if m != nil {
+		return m
+	}
+	m = []metric.RecordOption{metric.WithAttributes(a.attrs[0], a.attrs[1], attrOutcome.String(outcome))}
+	a.mu.Lock()
+	a.byOutcome[outcome] = m
+	a.mu.Unlock()
+	return m
 }
 
 func newTelemetry(c telemetryConfig, system string) *telemetry {
@@ -468,8 +528,7 @@ func (t *telemetry) started(ctx context.Context, d *delivery) context.Context {
 	if !d.knownType {
 		metricType = "_other" // bounds the attribute's values
 	}
-	d.attrs = []attribute.KeyValue{attrEndpoint.String(d.endpoint), attrMessageType.String(metricType)}
-	d.measure = metric.WithAttributes(d.attrs...)
+	d.attrs = t.attrsFor(d.endpoint, metricType)
 	md := d.msg.Metadata
 	dest := d.endpoint
 	if h := md.Get(wire.HeaderDestination); h != "" {
@@ -491,17 +550,17 @@ func (t *telemetry) started(ctx context.Context, d *delivery) context.Context {
 	if c := md.Get(wire.HeaderCorrelationID); c != "" {
 		d.span.SetAttributes(attrMsgConversation.String(c))
 	}
-	t.msgInFlight.Add(ctx, 1, d.measure)
+	t.msgInFlight.Add(ctx, 1, d.attrs.add...)
 	return ctx
 }
 
 func (t *telemetry) attemptFailed(ctx context.Context, d *delivery) {
-	t.msgFailed.Add(ctx, 1, d.measure)
+	t.msgFailed.Add(ctx, 1, d.attrs.add...)
 	d.span.RecordError(d.lastErr, trace.WithAttributes(attrBWAttempt.Int(int(d.attempt.Load()))))
 }
 
 func (t *telemetry) retried(ctx context.Context, d *delivery) {
-	t.msgRetried.Add(ctx, 1, d.measure)
+	t.msgRetried.Add(ctx, 1, d.attrs.add...)
 	d.span.AddEvent("retry")
 }
 
@@ -510,20 +569,20 @@ func (t *telemetry) retried(ctx context.Context, d *delivery) {
 func (t *telemetry) handled(ctx context.Context, d *delivery) {
 	switch d.outcome {
 	case OutcomeCommitted:
-		t.msgConsumed.Add(ctx, 1, d.measure)
+		t.msgConsumed.Add(ctx, 1, d.attrs.add...)
 	case OutcomeDuplicate:
-		t.msgDuplicates.Add(ctx, 1, d.measure)
+		t.msgDuplicates.Add(ctx, 1, d.attrs.add...)
 		d.span.AddEvent("duplicate skipped")
 	case OutcomeRedelivery:
-		t.msgRedelivered.Add(ctx, 1, d.measure)
+		t.msgRedelivered.Add(ctx, 1, d.attrs.add...)
 		d.span.AddEvent("delayed redelivery scheduled")
 	case OutcomeDeadLettered:
-		t.msgDeadLettered.Add(ctx, 1, d.measure)
+		t.msgDeadLettered.Add(ctx, 1, d.attrs.add...)
 		d.span.SetStatus(codes.Error, "dead-lettered")
 	}
-	t.msgInFlight.Add(ctx, -1, d.measure)
+	t.msgInFlight.Add(ctx, -1, d.attrs.add...)
 	t.handlerDuration.Record(ctx, time.Since(d.start).Seconds(),
-		metric.WithAttributes(d.attrs[0], d.attrs[1], attrOutcome.String(d.outcome)))
+		d.attrs.withOutcome(d.outcome)...)
 	d.span.SetAttributes(attrBWOutcome.String(d.outcome))
 	d.span.End()
 }

@@ -78,6 +78,7 @@ type phaseResult struct {
 	samples                           int
 	rssStart, rssMid, rssEnd, rssPeak float64
 	cpuPerMsg                         time.Duration
+	pgCPUPerMsg, rabbitCPUPerMsg      time.Duration // the servers' processes (measure.go's serverCPU)
 	produced                          int64
 	consumed                          int64
 	drained                           bool
@@ -177,9 +178,9 @@ func runPhase(ctx context.Context, p pipeline, tr *tracker, rs *rssSampler, ph p
 	}
 
 	sleepUntil(ctx, start)
-	cpu0 := cpuTime()
+	cpu0, srv0 := cpuTime(), readServerCPU()
 	sleepUntil(ctx, end)
-	cpu1 := cpuTime()
+	cpu1, srv1 := cpuTime(), readServerCPU()
 	var diag map[string]any
 	if d, ok := p.(diagnoser); ok {
 		diag = d.Diag(ctx)
@@ -220,6 +221,9 @@ func runPhase(ctx context.Context, p pipeline, tr *tracker, rs *rssSampler, ph p
 	}
 	if inWin > 0 {
 		r.cpuPerMsg = (cpu1 - cpu0) / time.Duration(inWin)
+		pg, rabbit := srv1.since(srv0)
+		r.pgCPUPerMsg = pg / time.Duration(inWin)
+		r.rabbitCPUPerMsg = rabbit / time.Duration(inWin)
 	}
 	lat := tr.samples()
 	r.samples = len(lat)
@@ -253,8 +257,11 @@ func toResult(scenario, variant string, cfg *config, ph phase, r phaseResult) Re
 		MsgsPerS: r.msgsPerS, ProducedPerS: r.producedPerS, OfferedRate: ph.rate,
 		P50: r.p50, P95: r.p95, P99: r.p99, Max: r.pmax, Samples: r.samples,
 		PeakRSSMB: r.rssPeak, RSSStartMB: r.rssStart, RSSMidMB: r.rssMid, RSSEndMB: r.rssEnd,
-		CPUPerMsgUS: float64(r.cpuPerMsg) / float64(time.Microsecond),
-		Produced:    r.produced, Consumed: r.consumed,
+		CPUPerMsgUS:       float64(r.cpuPerMsg) / float64(time.Microsecond),
+		PGCPUPerMsgUS:     float64(r.pgCPUPerMsg) / float64(time.Microsecond),
+		RabbitCPUPerMsgUS: float64(r.rabbitCPUPerMsg) / float64(time.Microsecond),
+		SystemCPUPerMsgUS: float64(r.cpuPerMsg+r.pgCPUPerMsg+r.rabbitCPUPerMsg) / float64(time.Microsecond),
+		Produced:          r.produced, Consumed: r.consumed,
 		DurationS: ph.duration.Seconds(), Producers: ph.producers, Consumers: cfg.consumers, Payload: cfg.payload,
 	}
 	if r.stageN > 0 || len(r.diag) > 0 {

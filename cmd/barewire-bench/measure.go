@@ -266,3 +266,91 @@ func loadAvg() float64 {
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
 }
+
+// serverCPU is the CPU time so far of the PostgreSQL processes (backends
+// and auxiliary processes: WAL writer, checkpointer, …) and the RabbitMQ
+// node (beam.smp) running on this machine, read from /proc (Linux; zero
+// elsewhere, or when the servers run in another PID namespace). A process
+// that exits between two readings takes its CPU with it; one that starts
+// between them counts in full. The servers are shared: work that other
+// clients make them do in the same window is counted too.
+type serverCPU struct {
+	pg, rabbit map[int]time.Duration
+}
+
+// readServerCPU reads the CPU time of every postgres and beam.smp process.
+func readServerCPU() serverCPU {
+	s := serverCPU{pg: map[int]time.Duration{}, rabbit: map[int]time.Duration{}}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return s
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, cpu, ok := procCPU(pid)
+		if !ok {
+			continue
+		}
+		switch comm {
+		case "postgres":
+			s.pg[pid] = cpu
+		case "beam.smp":
+			s.rabbit[pid] = cpu
+		}
+	}
+	return s
+}
+
+// since returns the CPU the servers spent between earlier and s.
+func (s serverCPU) since(earlier serverCPU) (pg, rabbit time.Duration) {
+	delta := func(now, then map[int]time.Duration) time.Duration {
+		var d time.Duration
+		for pid, c := range now {
+			d += c - then[pid] // a new process: all of it
+		}
+		return max(d, 0)
+	}
+	return delta(s.pg, earlier.pg), delta(s.rabbit, earlier.rabbit)
+}
+
+// procCPU reads a process's command name and user+system CPU time from
+// /proc/<pid>/stat.
+func procCPU(pid int) (comm string, cpu time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, false
+	}
+	return parseProcStat(string(b))
+}
+
+// parseProcStat parses a /proc/<pid>/stat line of a postgres or beam.smp
+// process: "pid (comm) state ppid … utime(14) stime(15) …", where comm may
+// hold spaces and parentheses.
+func parseProcStat(st string) (comm string, cpu time.Duration, ok bool) {
+	open, closing := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+	if open < 0 || closing < open {
+		return "", 0, false
+	}
+	comm = st[open+1 : closing]
+	if comm != "postgres" && comm != "beam.smp" {
+		return comm, 0, false
+	}
+	f := strings.Fields(st[closing+1:])
+	// f[0] is field 3 (state): utime is field 14, stime 15.
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	stt, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return comm, time.Duration(ut+stt) * time.Second / clockTicks, true
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
+// Linux architecture Go supports.
+const clockTicks = 100

@@ -33,6 +33,15 @@ type Result struct {
 	// CPUPerMsgUS is this process's CPU (user+system, load generator and
 	// consumers included) per consumed message, in microseconds.
 	CPUPerMsgUS float64 `json:"cpu_us_per_msg"`
+	// PGCPUPerMsgUS and RabbitCPUPerMsgUS are the CPU of the PostgreSQL
+	// processes and of the RabbitMQ node (beam.smp) on this machine per
+	// consumed message, read from /proc over the same window (shared
+	// servers: other clients' work in that window counts too);
+	// SystemCPUPerMsgUS is the three together: what a message costs the
+	// machine.
+	PGCPUPerMsgUS     float64 `json:"pg_cpu_us_per_msg"`
+	RabbitCPUPerMsgUS float64 `json:"rabbitmq_cpu_us_per_msg"`
+	SystemCPUPerMsgUS float64 `json:"system_cpu_us_per_msg"`
 
 	OfferedRate  float64 `json:"offered_rate,omitempty"` // 0: closed loop
 	ProducedPerS float64 `json:"produced_per_s"`
@@ -110,7 +119,7 @@ func fmtRate(v float64) string {
 // writeTable prints the results as an aligned table.
 func writeTable(w io.Writer, rs []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tvariant\tmsg/s\tbaseline msg/s\tratio\toffered/s\tp50 ms\tp95 ms\tp99 ms\tmax ms\tn\tCPU µs/msg\tRSS start/mid/end/peak MB\teffects check\tload\t")
+	fmt.Fprintln(tw, "scenario\tvariant\tmsg/s\tbaseline msg/s\tratio\toffered/s\tp50 ms\tp95 ms\tp99 ms\tmax ms\tn\tCPU µs/msg\tPG/RMQ/tool+PG+RMQ µs/msg\tRSS start/mid/end/peak MB\teffects check\tload\t")
 	for _, r := range rs {
 		ratio := "-"
 		if r.Ratio > 0 {
@@ -123,10 +132,10 @@ func writeTable(w io.Writer, rs []Result) {
 		if r.Produced == 0 && r.Consumed == 0 {
 			check = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%.0f/%.0f/%.0f/%.0f\t%s\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%.0f\t%.0f/%.0f/%.0f\t%.0f/%.0f/%.0f/%.0f\t%s\t%.1f\t\n",
 			r.Scenario, r.Variant, fmtRate(r.MsgsPerS), fmtRate(r.BaselineMsgsPerS), ratio, fmtRate(r.OfferedRate),
 			fmtMS(r.P50, r.Samples), fmtMS(r.P95, r.Samples), fmtMS(r.P99, r.Samples), fmtMS(r.Max, r.Samples), r.Samples,
-			r.CPUPerMsgUS, r.RSSStartMB, r.RSSMidMB, r.RSSEndMB, r.PeakRSSMB, check, r.LoadAvg1m)
+			r.CPUPerMsgUS, r.PGCPUPerMsgUS, r.RabbitCPUPerMsgUS, r.SystemCPUPerMsgUS, r.RSSStartMB, r.RSSMidMB, r.RSSEndMB, r.PeakRSSMB, check, r.LoadAvg1m)
 	}
 	_ = tw.Flush()
 	for _, r := range rs {

@@ -57,8 +57,8 @@ func (r *runner) add(res Result) {
 	res.LoadAvg1m = loadAvg()
 	r.results = append(r.results, res)
 	res.clean()
-	logf("   %s: %.0f msg/s (produced %.0f/s, ratio %.2f of %s), p50 %.2f p95 %.2f p99 %.2f ms (n=%d), CPU %.0f µs/msg, RSS peak %.0f MB, dup %d missing %d %v",
-		res.key(), res.MsgsPerS, res.ProducedPerS, res.Ratio, res.RatioOf, res.P50, res.P95, res.P99, res.Samples, res.CPUPerMsgUS, res.PeakRSSMB, res.Duplicates, res.Missing, res.Notes)
+	logf("   %s: %.0f msg/s (produced %.0f/s, ratio %.2f of %s), p50 %.2f p95 %.2f p99 %.2f ms (n=%d), CPU %.0f µs/msg (PostgreSQL %.0f, RabbitMQ %.0f, all three %.0f), RSS peak %.0f MB, dup %d missing %d %v",
+		res.key(), res.MsgsPerS, res.ProducedPerS, res.Ratio, res.RatioOf, res.P50, res.P95, res.P99, res.Samples, res.CPUPerMsgUS, res.PGCPUPerMsgUS, res.RabbitCPUPerMsgUS, res.SystemCPUPerMsgUS, res.PeakRSSMB, res.Duplicates, res.Missing, res.Notes)
 }
 
 func (r *runner) find(key string) (Result, bool) {
