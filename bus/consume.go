@@ -182,8 +182,7 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		return "", 0, endpoint.Permanent(err)
 	}
 	tries := maxTries(ep.Retry)
-	bo := retryBackOff(ep.Retry)
-	bo.Reset()
+	var bo backoff.BackOff // built at the first retry: most deliveries need none
 	failures, outages := 0, 0
 	for {
 		if b.gate.wait(ctx) != nil {
@@ -225,6 +224,10 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		b.obs.retried(ctx, d)
 		log.DebugContext(ctx, "consumer failed; retrying per policy", "message_id", msg.UUID, "attempt", attempts, "error", err)
+		if bo == nil {
+			bo = retryBackOff(ep.Retry)
+			bo.Reset()
+		}
 		if d := bo.NextBackOff(); d > 0 {
 			pause(ctx, d)
 		}
@@ -296,7 +299,7 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	if len(regs) == 0 {
 		return "", endpoint.Permanent(fmt.Errorf("%w %q on endpoint %q (consumed types: %s)", endpoint.ErrUnknownMessageType, typ, ep.Name(), strings.Join(ep.MessageTypes(), ", ")))
 	}
-	headers := Headers{}
+	headers := make(Headers, len(msg.Metadata))
 	for k, v := range msg.Metadata {
 		headers[k] = v
 	}
