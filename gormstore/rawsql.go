@@ -53,11 +53,3 @@ func (d dialect) bind(q string) string {
 	}
 	return b.String()
 }
-
-// placeholder returns the n-th (1-based) bind placeholder of the dialect.
-func (d dialect) placeholder(buf []byte, n int) []byte {
-	if d.name != DialectPostgres {
-		return append(buf, '?')
-	}
-	return strconv.AppendInt(append(buf, '$'), int64(n), 10)
-}
