@@ -86,7 +86,6 @@ prepare() {
   echo "[]." >"$d/enabled_plugins"
   cat >"$d/rabbitmq.conf" <<CONF
 listeners.tcp.local = 127.0.0.1:$(amqp_port "$n")
-cluster_partition_handling = pause_minority
 log.file.level = info
 log.console = false
 CONF
@@ -94,13 +93,24 @@ CONF
   return 0
 }
 
-running() { ctl "$1" -q status >/dev/null 2>&1; }
+# Fast checks that need no CLI call (each rabbitmqctl call starts an Erlang
+# VM: seconds on a busy machine).
+# vm_up: node N's Erlang VM is registered with epmd.
+vm_up() { epmd -names 2>/dev/null | grep -q "^name ${PREFIX}$1 at port"; }
+# amqp_up: node N accepts AMQP connections (the rabbit app runs).
+amqp_up() { (exec 3<>"/dev/tcp/127.0.0.1/$(amqp_port "$1")") 2>/dev/null; }
+running() { amqp_up "$1"; }
+# vm_pid: the pid of node N's VM, found by its distribution port.
+vm_pid() {
+  ss -ltnpH "sport = :$(dist_port "$1")" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2
+}
 
 await() {
   local n=$1
-  for _ in $(seq 1 90); do
-    # await_startup fails at once until the node has registered: retry.
-    if ctl "$n" -q await_startup --timeout 5 >/dev/null 2>&1; then return 0; fi
+  for _ in $(seq 1 180); do
+    # await_startup fails at once until the node has registered: wait for
+    # the AMQP listener first, then confirm.
+    if amqp_up "$n" && ctl "$n" -q await_startup --timeout 30 >/dev/null 2>&1; then return 0; fi
     sleep 1
   done
   die "node $(name "$n") did not start; see $(ndir "$n")/log"
@@ -108,27 +118,30 @@ await() {
 
 start_node() {
   local n=$1
-  if running "$n"; then return 0; fi
+  if amqp_up "$n"; then return 0; fi
   prepare "$n"
-  echo "starting $(name "$n") on AMQP port $(amqp_port "$n")"
-  as_user "$n" "$SBIN/rabbitmq-server" -detached
+  if vm_up "$n"; then
+    echo "starting the rabbit app of $(name "$n")"
+    ctl "$n" -q start_app
+  else
+    echo "starting $(name "$n") on AMQP port $(amqp_port "$n")"
+    as_user "$n" "$SBIN/rabbitmq-server" -detached
+  fi
   await "$n"
 }
 
-# in_cluster reports whether node N already runs in node 1's cluster.
-in_cluster() {
-  ctl "$1" -q cluster_status --formatter json 2>/dev/null | grep -q "\"$(name 1)\""
-}
-
+# Nodes 2..N remember that they joined node 1's cluster (a marker in their
+# folder; destroy removes it); a restarted node rejoins by itself.
 join() {
-  local n=$1
-  if in_cluster "$n"; then return 0; fi
+  local n=$1 mark; mark="$(ndir "$n")/joined"
+  if [ -e "$mark" ]; then return 0; fi
   echo "joining $(name "$n") to $(name 1)"
   ctl "$n" -q stop_app
   ctl "$n" -q reset
   ctl "$n" -q join_cluster "$(name 1)"
   ctl "$n" -q start_app
   await "$n"
+  touch "$mark"
 }
 
 urls() {
@@ -150,12 +163,12 @@ start)
   mkdir -p "$DIR"
   for n in $(seq 1 "$NODES"); do start_node "$n"; done
   for n in $(seq 2 "$NODES"); do join "$n"; done
-  ctl 1 -q cluster_status | grep -A $((NODES + 1)) -i 'running nodes' || true
   echo "cluster up: $(urls)"
   ;;
 stop)
+  # Every VM, whether or not its rabbit app runs.
   for n in $(seq "$NODES" -1 1); do
-    if running "$n"; then echo "stopping $(name "$n")"; ctl "$n" -q stop; fi
+    if vm_up "$n"; then echo "stopping $(name "$n")"; ctl "$n" -q stop || true; fi
   done
   ;;
 destroy)
@@ -164,23 +177,24 @@ destroy)
   ;;
 status)
   for n in $(seq 1 "$NODES"); do
-    if running "$n"; then s=running; else s=down; fi
+    if amqp_up "$n"; then s=running; elif vm_up "$n"; then s="vm up, app stopped"; else s=down; fi
     echo "$(name "$n") amqp=$(amqp_port "$n") dist=$(dist_port "$n") $s"
   done
   ;;
 urls) urls ;;
 stop-node)
   check_n "${1:-}"
-  if running "$1"; then ctl "$1" -q stop; fi
+  if vm_up "$1"; then ctl "$1" -q stop; fi
   ;;
 kill-node)
   check_n "${1:-}"
-  pidf="$(ndir "$1")/pid"
-  [ -s "$pidf" ] || die "node $1: no pid file $pidf (not started by this script?)"
-  pid=$(cat "$pidf")
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
-  # The VM is gone when its distribution port is free.
-  for _ in $(seq 1 50); do running "$1" || exit 0; sleep 0.2; done
+  pid=$(vm_pid "$1")
+  [ -n "$pid" ] || die "node $1: no VM listens on distribution port $(dist_port "$1") (not running?)"
+  kill -KILL "$pid"
+  for _ in $(seq 1 50); do
+    if ! amqp_up "$1"; then exit 0; fi
+    sleep 0.1
+  done
   die "node $1 still answers after SIGKILL"
   ;;
 start-node)
@@ -190,7 +204,7 @@ start-node)
 leader)
   q=${1:?queue name}
   for n in $(seq 1 "$NODES"); do
-    running "$n" || continue
+    amqp_up "$n" || continue
     l=$(ctl "$n" -q list_queues name leader --no-table-headers 2>/dev/null | awk -v q="$q" '$1 == q {print $2}')
     [ -n "$l" ] || die "queue $q not found (or not a quorum queue)"
     l=${l#"$PREFIX"}
