@@ -261,11 +261,16 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 
 	t.Logf("killing node %d (instance A's; queue leader: node %s)", victim, leader)
-	killed := time.Now()
-	cl.run("kill-node", fmt.Sprint(victim))
 	// Reconnect time per instance that was on the victim: from the kill
+	// (counted from just before the script looks the VM up and kills it)
 	// to a new connection with the topology declared (Node is set then).
+	var killedAt time.Time // the database's clock, for the effects' times
+	if err := db.Raw(`SELECT clock_timestamp()`).Scan(&killedAt).Error; err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
 	var reconnects []time.Duration
+	back := make([]time.Duration, len(trs)) // per instance: reconnected after
 	var rmu sync.Mutex
 	var rwg sync.WaitGroup
 	for i, tr := range trs {
@@ -280,17 +285,33 @@ func TestClusterNodeLoss(t *testing.T) {
 					d := time.Since(killed)
 					rmu.Lock()
 					reconnects = append(reconnects, d)
+					back[i] = d
 					rmu.Unlock()
 					t.Logf("instance %s reconnected to %s %v after the kill", names[i], tr.Node(), d.Round(time.Millisecond))
 					return
 				}
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond)
 			}
 			t.Errorf("instance %s did not reconnect within 30s of the kill", names[i])
 		}()
 	}
+	cl.run("kill-node", fmt.Sprint(victim))
 	during := phase(6 * time.Second)
 	rwg.Wait()
+	// Consuming again: each instance's first effect committed after it
+	// reconnected (deliveries in flight at the kill may commit before).
+	for i, name := range names {
+		var first *time.Time
+		since := killedAt.Add(back[i])
+		if err := db.Raw(`SELECT min(at) FROM effects WHERE instance = ? AND at > ?`, name, since).Scan(&first).Error; err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			t.Errorf("instance %s consumed nothing within 6s of the kill", name)
+			continue
+		}
+		t.Logf("instance %s consuming again %.2fs after the kill (reconnected after %.2fs)", name, first.Sub(killedAt).Seconds(), back[i].Seconds())
+	}
 
 	restarted := time.Now()
 	cl.run("start-node", fmt.Sprint(victim))
