@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/barewire-go/barewire/endpoint"
 )
 
 func TestSplitURLs(t *testing.T) {
@@ -106,5 +108,79 @@ func TestDialErrors(t *testing.T) {
 	}
 	if !(&dialErrors{addrs: []string{"a", "b"}, errs: []error{refused, refused}}).hopeless() {
 		t.Error("not hopeless although every node refused the credentials")
+	}
+}
+
+func TestQueueTypeConfig(t *testing.T) {
+	for _, typ := range []endpoint.QueueType{endpoint.Stream, "bogus"} {
+		c := Config{QueueType: typ}
+		if errs := c.check(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "QueueType") {
+			t.Errorf("QueueType %q: %v", typ, errs)
+		}
+	}
+	for _, typ := range []endpoint.QueueType{"", endpoint.Classic, endpoint.Quorum} {
+		c := Config{QueueType: typ}
+		if errs := c.check(); len(errs) != 0 {
+			t.Errorf("QueueType %q refused: %v", typ, errs)
+		}
+	}
+}
+
+func TestEndpointQueueArgs(t *testing.T) {
+	build := func(cfg Config, configure func(e *endpoint.Endpoint)) (*Transport, *endpoint.Endpoint) {
+		tr := &Transport{cfg: cfg.withDefaults(0)}
+		return tr, newEndpoint(t, "orders", nil, configure)
+	}
+	// Classic by default: nothing added, no x-queue-type.
+	tr, ep := build(Config{}, nil)
+	if q := tr.endpointQueue(ep); q.Type != "" || len(q.Args) != 0 {
+		t.Errorf("default: %+v", q)
+	}
+	if q := tr.errorQueue(ep); q.Type != "" {
+		t.Errorf("default error queue: %+v", q)
+	}
+	// Config.QueueType quorum: the endpoint and error queues, with the
+	// delivery limit and at-least-once dead-lettering into the error queue.
+	tr, ep = build(Config{QueueType: endpoint.Quorum}, nil)
+	q := tr.endpointQueue(ep)
+	want := map[string]any{"x-delivery-limit": int64(20), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders_error",
+		"x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once"}
+	if q.Type != endpoint.Quorum || !reflect.DeepEqual(q.Args, want) {
+		t.Errorf("quorum: %+v", q)
+	}
+	if eq := tr.errorQueue(ep); eq.Type != endpoint.Quorum || len(eq.Args) != 0 {
+		t.Errorf("quorum error queue: %+v", eq)
+	}
+	if got := queueArgs(q); got["x-queue-type"] != "quorum" || got["x-dead-letter-exchange"] != "" {
+		t.Errorf("declared arguments: %v", got)
+	}
+	// What the endpoint sets wins.
+	tr, ep = build(Config{QueueType: endpoint.Quorum, DeliveryLimit: 5}, func(e *endpoint.Endpoint) {
+		e.Queue.Args = map[string]any{"x-delivery-limit": 3}
+		e.Queue.DeadLetterExchange = "dlx"
+		e.Queue.Overflow = "drop-head"
+	})
+	q = tr.endpointQueue(ep)
+	if q.Args["x-delivery-limit"] != 3 || q.Args["x-dead-letter-exchange"] != nil || q.Args["x-dead-letter-strategy"] != nil || q.Args["x-overflow"] != nil {
+		t.Errorf("endpoint settings: %+v", q.Args)
+	}
+	if got := queueArgs(q); got["x-dead-letter-exchange"] != "dlx" || got["x-overflow"] != "drop-head" {
+		t.Errorf("endpoint settings declared as %v", got)
+	}
+	if ep.Queue.Args["x-dead-letter-strategy"] != nil || len(ep.Queue.Args) != 1 {
+		t.Errorf("the endpoint's own Args were modified: %v", ep.Queue.Args)
+	}
+	// A stream endpoint stays a stream; its error queue is classic.
+	tr, ep = build(Config{QueueType: endpoint.Quorum}, func(e *endpoint.Endpoint) { e.Queue.Type = endpoint.Stream })
+	if q := tr.endpointQueue(ep); q.Type != endpoint.Stream || len(q.Args) != 0 {
+		t.Errorf("stream: %+v", q)
+	}
+	if eq := tr.errorQueue(ep); eq.Type != endpoint.Classic {
+		t.Errorf("stream error queue: %+v", eq)
+	}
+	// DeliveryLimit < 0: quorum, bare.
+	tr, ep = build(Config{QueueType: endpoint.Quorum, DeliveryLimit: -1}, nil)
+	if q := tr.endpointQueue(ep); q.Type != endpoint.Quorum || len(q.Args) != 0 {
+		t.Errorf("bare quorum: %+v", q)
 	}
 }
