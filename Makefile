@@ -60,6 +60,15 @@ check-docs:
 	$(GO) build ./samples/... ./cmd/... 2>/dev/null || $(GO) build ./samples/...
 	$(GO) run ./internal/tools/docsnippets
 
+## test-cluster: start the 3-node RabbitMQ cluster beside the machine's broker
+## (scripts/rabbitmq-cluster.sh, AMQP ports 5681-5683) and run TestClusterNodeLoss on it (needs
+## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL); `scripts/rabbitmq-cluster.sh stop` after.
+## There is no `make reliability TRANSPORT=cluster` profile yet.
+.PHONY: test-cluster
+test-cluster:
+	scripts/rabbitmq-cluster.sh start
+	BAREWIRE_TEST_AMQP_CLUSTER_URLS=$$(scripts/rabbitmq-cluster.sh urls) $(GO) test -race -count=1 -timeout 5m -run '^TestClusterNodeLoss$$' -v ./bus/
+
 ## reliability: fault-injection suite (PROFILE=short, the CI one, or PROFILE=long) on
 ## TRANSPORT=rabbitmq (the default: RabbitMQ + PostgreSQL, TestReliability; needs
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL) or TRANSPORT=postgres (the

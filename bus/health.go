@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/barewire-go/barewire/transport"
 )
 
 // Health check names, as reported in HealthReport.Checks.
@@ -109,7 +111,15 @@ func (b *Bus) CheckHealth(ctx context.Context) HealthReport {
 		return r
 	}
 	add(HealthCheckBus, nil, nil)
-	add(HealthCheckTransport, b.tr.Health(ctx), map[string]any{"transport": b.system})
+	trDetails := map[string]any{"transport": b.system}
+	if hd, ok := b.tr.(transport.HealthDetailer); ok {
+		for k, v := range hd.HealthDetails() {
+			if _, taken := trDetails[k]; !taken {
+				trDetails[k] = v
+			}
+		}
+	}
+	add(HealthCheckTransport, b.tr.Health(ctx), trDetails)
 	var dbErr error
 	if sqlDB, err := b.db.DB(); err != nil {
 		dbErr = err

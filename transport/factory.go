@@ -89,6 +89,13 @@ type TxAcker interface {
 	AckedInTx(msg *message.Message)
 }
 
+// HealthDetailer is implemented by transports that add details to the
+// bus's transport health check (bus.CheckHealth), such as the broker node
+// they are connected to.
+type HealthDetailer interface {
+	HealthDetails() map[string]any
+}
+
 // ErrDropUnsupported is returned by a transport's DropConnection when it
 // has no connection to drop.
 var ErrDropUnsupported = errors.New("transport: DropConnection is not supported")

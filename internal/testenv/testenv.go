@@ -15,6 +15,11 @@ import (
 const (
 	PostgresVar = "BAREWIRE_TEST_POSTGRES_DSN"
 	AMQPVar     = "BAREWIRE_TEST_AMQP_URL"
+	// AMQPClusterVar lists the AMQP URLs of a RabbitMQ cluster's nodes,
+	// comma-separated, in node order (node 1 first), as
+	// `scripts/rabbitmq-cluster.sh urls` prints them. Tests stop and start
+	// those nodes with that script.
+	AMQPClusterVar = "BAREWIRE_TEST_AMQP_CLUSTER_URLS"
 )
 
 // PostgresDSN returns the test PostgreSQL DSN or skips (fails under CI).
@@ -24,6 +29,19 @@ func PostgresDSN(t testing.TB) string {
 
 // AMQPURL returns the test RabbitMQ URL or skips (fails under CI).
 func AMQPURL(t testing.TB) string { return get(t, AMQPVar, "amqp://guest:guest@127.0.0.1:5672/") }
+
+// AMQPClusterURLs returns the URLs of the test cluster's nodes, in node
+// order, or skips (fails under CI).
+func AMQPClusterURLs(t testing.TB) []string {
+	raw := get(t, AMQPClusterVar, "amqp://guest:guest@127.0.0.1:5681/,amqp://guest:guest@127.0.0.1:5682/,amqp://guest:guest@127.0.0.1:5683/")
+	var urls []string
+	for _, u := range strings.Split(raw, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
+}
 
 func get(t testing.TB, name, example string) string {
 	t.Helper()

@@ -18,6 +18,34 @@ type Config struct {
 	// Topology declares extra exchanges, queues and bindings.
 	Topology Topology
 
+	// URLs are more broker addresses (amqp:// or amqps:// URLs, each with
+	// its credentials and vhost), tried after New's url: list every node of
+	// a cluster. Start connects to the first address that answers, trying
+	// them in order; when the connection is lost the transport reconnects
+	// to the next address after the lost node at once (the lost node is
+	// tried last), then retries every address with backoff; each time it
+	// declares the topology again and its consumers resume. New's url may
+	// also hold several URLs separated by commas (handy in one environment
+	// variable). Defaults to none.
+	URLs []string
+	// QueueType is the type of every endpoint queue whose Queue.Type is
+	// unset, and of its error queue: set endpoint.Quorum to run every
+	// endpoint on quorum queues (replicated on a cluster). A quorum
+	// endpoint queue also gets x-delivery-limit (DeliveryLimit), its error
+	// queue as dead-letter target and at-least-once dead-lettering (see
+	// docs/topology.md). Defaults to endpoint.Classic.
+	QueueType endpoint.QueueType
+	// DeliveryLimit is the x-delivery-limit of quorum endpoint queues: a
+	// message returned to the queue (a requeue, or a consumer's connection
+	// lost while it held it) more times than this is dead-lettered by the
+	// broker into the endpoint's error queue (a poison message that crashes
+	// its consumer). An endpoint's Queue.Args["x-delivery-limit"] wins.
+	// Negative declares quorum queues bare, as before this field existed:
+	// no delivery limit, dead-letter target or strategy (the broker's
+	// default limit is unlimited on RabbitMQ 3.x but 20 on 4.x, where a
+	// message over it is then dropped). Defaults to 20.
+	DeliveryLimit int
+
 	// TLS, when set, is used for amqps:// connections (client certificates
 	// go in TLS.Certificates).
 	TLS *tls.Config
@@ -46,6 +74,7 @@ const (
 	DefaultReconnectMaxInterval = 10 * time.Second
 	DefaultMaxPendingPublishes  = 1000
 	DefaultPublishTimeout       = 30 * time.Second
+	DefaultDeliveryLimit        = 20
 )
 
 // ExchangeKind is a RabbitMQ exchange type.
@@ -106,6 +135,11 @@ func (c *Config) check() []error {
 	if c.PublishTimeout < 0 {
 		errs = append(errs, configErr("PublishTimeout %v is negative", c.PublishTimeout))
 	}
+	switch c.QueueType {
+	case "", endpoint.Classic, endpoint.Quorum:
+	default:
+		errs = append(errs, configErr("QueueType %q: use endpoint.Classic or endpoint.Quorum (a stream is chosen per endpoint, in its Queue.Type)", c.QueueType))
+	}
 	for _, x := range c.Topology.Exchanges {
 		switch x.Kind {
 		case "", DirectExchange, FanoutExchange, TopicExchange, HeadersExchange:
@@ -135,6 +169,12 @@ func (c Config) withDefaults(relayLease time.Duration) Config {
 	}
 	if c.MaxPendingPublishes == 0 {
 		c.MaxPendingPublishes = DefaultMaxPendingPublishes
+	}
+	if c.QueueType == "" {
+		c.QueueType = endpoint.Classic
+	}
+	if c.DeliveryLimit == 0 {
+		c.DeliveryLimit = DefaultDeliveryLimit
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout

@@ -65,3 +65,23 @@ func ExampleTopology_deadLetterExchange() {
 	fmt.Println(b != nil, err)
 	// Output: true <nil>
 }
+
+// ExampleConfig_cluster connects to a 3-node cluster and runs every
+// endpoint on quorum queues.
+func ExampleConfig_cluster() {
+	handle := func(ctx context.Context, c *endpoint.Context[ShipmentDispatched]) error { return nil }
+	// snippet:start cluster
+	b, err := bus.New(bus.WithTransport(rabbitmq.New("amqp://app:secret@rabbit-1:5672/app", func(c *rabbitmq.Config) {
+		// The other nodes: tried in order at start, the next one at once
+		// when the node in use is lost. Equivalent: one comma-separated url.
+		c.URLs = []string{"amqp://app:secret@rabbit-2:5672/app", "amqp://app:secret@rabbit-3:5672/app"}
+		c.QueueType = endpoint.Quorum // every endpoint queue and its error queue
+		c.DeliveryLimit = 20          // redeliveries before the broker dead-letters (the default)
+		c.ReceiveEndpoint("shipping", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, handle)
+		})
+	})))
+	// snippet:end cluster
+	fmt.Println(b != nil, err)
+	// Output: true <nil>
+}

@@ -32,8 +32,9 @@ const dialTimeout = 15 * time.Second
 
 // Transport is the RabbitMQ transport. Create it with New, then Start it.
 type Transport struct {
-	url    string
-	secret secret
+	url    string    // New's argument, as given
+	addrs  addresses // every broker address, in the order to try them
+	secret secret    // hides the password of every address
 	cfg    Config
 	log    *slog.Logger
 
@@ -50,6 +51,8 @@ type Transport struct {
 	byName    map[string]*endpoint.Endpoint
 	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
 	connects  atomic.Int64           // connections made: 1 + reconnects
+	node      atomic.Int32           // index in addrs of the current (or last) connection
+	dialErr   atomic.Pointer[string] // the last failed reconnect attempt, redacted; nil once connected
 
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
@@ -61,7 +64,10 @@ type Transport struct {
 }
 
 // New returns the RabbitMQ transport for url (amqp:// or amqps://, with
-// credentials and vhost), to hand to bus.WithTransport. configure declares
+// credentials and vhost), to hand to bus.WithTransport. For a cluster, url
+// may list several nodes' URLs separated by commas, or Config.URLs may add
+// them: the transport connects to the first that answers and, when it loses
+// that node, to the next one (see Config.URLs). configure declares
 // the receive endpoints and extra topology and sets connection options; it
 // runs once, now. New does no I/O and reports nothing: the bus's New
 // reports every mistake (the URL's included) when it builds the transport.
@@ -94,7 +100,7 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 	if t.cancel != nil {
 		t.cancel() // built before by a New that failed: build afresh
 	}
-	sec, err := parseURL(t.url)
+	addrs, err := parseAddresses(t.url, t.cfg.URLs)
 	errs := t.cfg.check()
 	if err != nil {
 		errs = append(errs, err)
@@ -110,7 +116,9 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	t.secret = sec
+	t.addrs = addrs
+	t.secret = addrs.all
+	t.node.Store(0)
 	t.cfg = c
 	t.log = logger.With(slog.String("transport", "rabbitmq"))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -226,13 +234,44 @@ func (t *Transport) DropConnection() error {
 	c := t.conn
 	t.mu.Unlock()
 	if c == nil || c.IsClosed() {
-		return fmt.Errorf("rabbitmq: DropConnection: not connected to %s", t.secret.redacted)
+		return fmt.Errorf("rabbitmq: DropConnection: not connected (last node %s)", t.URL())
 	}
 	return c.Close()
 }
 
-// URL returns the broker URL with its password redacted.
-func (t *Transport) URL() string { return t.secret.redacted }
+// URL returns the URL of the broker node the transport is connected to
+// (or was connected to last, or will try first), with its password
+// redacted. "" before the transport is built.
+func (t *Transport) URL() string {
+	i := int(t.node.Load())
+	if i >= len(t.addrs.secrets) {
+		return ""
+	}
+	return t.addrs.secrets[i].redacted
+}
+
+// URLs returns every broker address, in the order given, with passwords
+// redacted.
+func (t *Transport) URLs() []string { return t.addrs.redacted() }
+
+// Node returns the URL (password redacted) of the broker node the
+// transport is connected to, or "" while it is disconnected.
+func (t *Transport) Node() string {
+	t.mu.Lock()
+	c := t.conn
+	t.mu.Unlock()
+	if c == nil || c.IsClosed() {
+		return ""
+	}
+	return t.URL()
+}
+
+// HealthDetails reports the node the transport is connected to ("node",
+// "" while disconnected), every address it may use ("addresses") and how
+// many connections it has made ("connects"), for bus.CheckHealth.
+func (t *Transport) HealthDetails() map[string]any {
+	return map[string]any{"node": t.Node(), "addresses": t.URLs(), "connects": t.Connects()}
+}
 
 // Start connects, retrying a broker that is down with exponential backoff
 // for up to cfg.ConnectTimeout, declares the topology the endpoints need and
@@ -287,7 +326,7 @@ func (t *Transport) Start(ctx context.Context, endpoints []*endpoint.Endpoint) e
 	t.wg.Add(1)
 	t.mu.Unlock()
 	go t.supervise(notes)
-	t.log.Info("rabbitmq connected", slog.String("url", t.secret.redacted), slog.Int("endpoints", len(endpoints)))
+	t.log.Info("rabbitmq connected", slog.String("url", t.URL()), slog.Int("endpoints", len(endpoints)))
 	return nil
 }
 
@@ -298,8 +337,9 @@ type connNotes struct {
 }
 
 // connectWithRetry dials until it succeeds, the connect timeout expires, ctx
-// is done or the transport is closed. Attempts are spaced by exponential
-// backoff; the last one is made just before the deadline.
+// is done or the transport is closed. Each attempt tries every address in
+// turn; attempts are spaced by exponential backoff; the last one is made
+// just before the deadline.
 func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, connNotes, error) {
 	timeout := t.cfg.ConnectTimeout
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -315,24 +355,19 @@ func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, con
 		MaxInterval:         min(t.cfg.ReconnectMaxInterval, 5*time.Second),
 	}
 	b.Reset()
-	var lastErr error
+	var lastErr *dialErrors
 	attempts := 0
 	for {
 		attempts++
-		conn, notes, err := t.dial(ctx)
-		if err == nil {
+		conn, notes, derr := t.dialAny(ctx, 0)
+		if derr == nil {
 			return conn, notes, nil
 		}
 		if lastErr == nil || ctx.Err() == nil {
-			lastErr = err // keep the dial error, not the cancellation that cut an attempt
+			lastErr = derr // keep the dial errors, not the cancellation that cut an attempt
 		}
-		var aerr *amqp.Error
-		if errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused {
-			break // wrong credentials: retrying will not help
-		}
-		var cerr *tls.CertificateVerificationError
-		if errors.As(err, &cerr) {
-			break // the server's certificate is not trusted (roots, server name): a configuration error
+		if derr.hopeless() {
+			break // wrong credentials, untrusted certificate: retrying will not help
 		}
 		// The last attempt starts a little before the deadline, so that it
 		// can fail with its own error rather than with the deadline's.
@@ -342,10 +377,10 @@ func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, con
 		}
 		next := min(b.NextBackOff(), remaining)
 		t.log.Warn("rabbitmq connect failed, retrying",
-			slog.String("url", t.secret.redacted),
+			slog.Any("urls", t.URLs()),
 			slog.Int("attempt", attempts),
 			slog.Duration("retry_in", next),
-			slog.String("error", t.secret.scrub(err.Error())))
+			slog.String("error", t.secret.scrub(derr.Error())))
 		select {
 		case <-ctx.Done():
 		case <-time.After(next):
@@ -357,15 +392,53 @@ func (t *Transport) connectWithRetry(ctx context.Context) (*amqp.Connection, con
 	if t.ctx.Err() != nil {
 		return nil, connNotes{}, errClosed
 	}
-	return nil, connNotes{}, fmt.Errorf("rabbitmq: cannot connect to %s after %d attempt(s) (connect timeout %v): %w",
-		t.secret.redacted, attempts, timeout, t.secret.scrubErr(lastErr))
+	if len(t.addrs.urls) == 1 {
+		return nil, connNotes{}, fmt.Errorf("rabbitmq: cannot connect to %s after %d attempt(s) (connect timeout %v): %w",
+			t.addrs.secrets[0].redacted, attempts, timeout, t.secret.scrubErr(lastErr))
+	}
+	return nil, connNotes{}, fmt.Errorf("rabbitmq: cannot connect to any of %d broker addresses (%s) after %d attempt(s) each (connect timeout %v): %w",
+		len(t.addrs.urls), strings.Join(t.URLs(), ", "), attempts, timeout, t.secret.scrubErr(lastErr))
 }
 
-// dial makes one connection attempt, bounded by ctx and dialTimeout.
-func (t *Transport) dial(ctx context.Context) (*amqp.Connection, connNotes, error) {
+// dialAny tries every address once, starting at index start, and returns
+// the first connection made; it records which address answered.
+func (t *Transport) dialAny(ctx context.Context, start int) (*amqp.Connection, connNotes, *dialErrors) {
+	derr := &dialErrors{}
+	for _, i := range t.addrs.order(start) {
+		conn, notes, err := t.dial(ctx, i)
+		if err == nil {
+			t.node.Store(int32(i))
+			return conn, notes, nil
+		}
+		derr.addrs = append(derr.addrs, t.addrs.secrets[i].redacted)
+		derr.errs = append(derr.errs, t.secret.scrubErr(err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, connNotes{}, derr
+}
+
+// hopeless reports whether every address refused for a reason that
+// retrying cannot fix: wrong credentials or an untrusted certificate.
+func (e *dialErrors) hopeless() bool {
+	for _, err := range e.errs {
+		var aerr *amqp.Error
+		var cerr *tls.CertificateVerificationError
+		if !(errors.As(err, &aerr) && aerr.Code == amqp.AccessRefused) && !errors.As(err, &cerr) {
+			return false
+		}
+	}
+	return len(e.errs) > 0
+}
+
+// dial makes one connection attempt to address i, bounded by ctx and
+// dialTimeout.
+func (t *Transport) dial(ctx context.Context, i int) (*amqp.Connection, connNotes, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, connNotes{}, err
 	}
+	url := t.addrs.urls[i]
 	deadline := time.Now().Add(dialTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -389,12 +462,12 @@ func (t *Transport) dial(ctx context.Context) (*amqp.Connection, connNotes, erro
 			return conn, nil
 		},
 	}
-	if t.cfg.TLS != nil && strings.HasPrefix(strings.ToLower(t.url), "amqps://") {
+	if t.cfg.TLS != nil && strings.HasPrefix(strings.ToLower(url), "amqps://") {
 		// Without cfg.TLS, amqp091 builds the TLS config from the URL
 		// (cacertfile, certfile, keyfile, server_name_indication).
 		cfg.TLSClientConfig = t.cfg.TLS.Clone()
 	}
-	conn, err := amqp.DialConfig(t.url, cfg)
+	conn, err := amqp.DialConfig(url, cfg)
 	if err != nil {
 		return nil, connNotes{}, err
 	}
@@ -410,6 +483,7 @@ func (t *Transport) setUpLocked(conn *amqp.Connection) {
 	t.conn = conn
 	t.connects.Add(1)
 	t.blocked.Store(nil)
+	t.dialErr.Store(nil)
 	select {
 	case <-t.ready:
 	default:
@@ -464,7 +538,7 @@ func (t *Transport) supervise(notes connNotes) {
 		if t.ctx.Err() != nil {
 			return
 		}
-		attrs := []any{slog.String("url", t.secret.redacted)}
+		attrs := []any{slog.String("url", t.URL())}
 		if lost != nil {
 			attrs = append(attrs, slog.String("error", t.secret.scrub(lost.Error())))
 		}
@@ -479,6 +553,9 @@ func (t *Transport) supervise(notes connNotes) {
 
 // reconnect dials with exponential backoff capped at ReconnectMaxInterval
 // until it succeeds or the transport closes, then re-declares the topology.
+// Each attempt tries every address once, starting with the one after the
+// node just lost, so that a cluster's client fails over to another node at
+// once; with one address it retries that one.
 func (t *Transport) reconnect() (*amqp.Connection, connNotes) {
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     100 * time.Millisecond,
@@ -487,27 +564,37 @@ func (t *Transport) reconnect() (*amqp.Connection, connNotes) {
 		MaxInterval:         t.cfg.ReconnectMaxInterval,
 	}
 	b.Reset()
+	lost := int(t.node.Load())
+	start := (lost + 1) % len(t.addrs.urls)
 	for attempt := 1; ; attempt++ {
 		wait := min(b.NextBackOff(), t.cfg.ReconnectMaxInterval)
+		if attempt == 1 && len(t.addrs.urls) > 1 {
+			wait = 0 // another node may well be up: fail over at once
+		}
 		select {
 		case <-t.ctx.Done():
 			return nil, connNotes{}
 		case <-time.After(wait):
 		}
-		conn, notes, err := t.dial(t.ctx)
-		if err != nil {
+		conn, notes, derr := t.dialAny(t.ctx, start)
+		if derr != nil {
 			if t.ctx.Err() != nil {
 				return nil, connNotes{}
 			}
+			msg := t.secret.scrub(derr.Error())
+			t.dialErr.Store(&msg)
 			t.log.Warn("rabbitmq reconnect failed",
-				slog.String("url", t.secret.redacted),
+				slog.Any("urls", t.URLs()),
 				slog.Int("attempt", attempt),
-				slog.String("error", t.secret.scrub(err.Error())))
+				slog.String("error", t.secret.scrub(derr.Error())))
+			// The lost node comes back last in the next round too: it is
+			// the least likely to answer.
 			continue
 		}
 		if err := t.declareTopology(conn); err != nil {
 			if conn.IsClosed() {
-				t.log.Warn("rabbitmq connection lost while declaring topology", slog.String("error", t.secret.scrub(err.Error())))
+				t.log.Warn("rabbitmq connection lost while declaring topology", slog.String("url", t.URL()), slog.String("error", t.secret.scrub(err.Error())))
+				start = (int(t.node.Load()) + 1) % len(t.addrs.urls)
 				continue
 			}
 			// Keep the connection: what could be declared is usable, and
@@ -522,7 +609,7 @@ func (t *Transport) reconnect() (*amqp.Connection, connNotes) {
 		}
 		t.setUpLocked(conn)
 		t.mu.Unlock()
-		t.log.Info("rabbitmq reconnected", slog.String("url", t.secret.redacted), slog.Int("attempt", attempt))
+		t.log.Info("rabbitmq reconnected", slog.String("url", t.URL()), slog.String("lost", t.addrs.secrets[lost].redacted), slog.Int("attempt", attempt))
 		return conn, notes
 	}
 }
@@ -539,7 +626,7 @@ func (t *Transport) currentConn() (*amqp.Connection, error) {
 	case !started:
 		return nil, fmt.Errorf("%w: rabbitmq: transport not started", outbox.ErrTransportUnavailable)
 	case c == nil || c.IsClosed():
-		return nil, fmt.Errorf("%w: rabbitmq: not connected to %s", outbox.ErrTransportUnavailable, t.secret.redacted)
+		return nil, fmt.Errorf("%w: rabbitmq: not connected (reconnecting; addresses: %s)", outbox.ErrTransportUnavailable, strings.Join(t.URLs(), ", "))
 	}
 	return c, nil
 }
@@ -572,12 +659,19 @@ func (t *Transport) waitConn(ctx context.Context) (*amqp.Connection, error) {
 	}
 }
 
-// Health reports nil while the connection is open.
+// Health reports nil while the connection is open. While the transport
+// reconnects, its error names every address and, once a round of attempts
+// has failed, each address's own error (passwords redacted).
 func (t *Transport) Health(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	_, err := t.currentConn()
+	if err != nil {
+		if last := t.dialErr.Load(); last != nil {
+			return fmt.Errorf("%w; last attempt: %s", err, *last)
+		}
+	}
 	return err
 }
 

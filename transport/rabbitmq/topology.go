@@ -149,11 +149,56 @@ func queueArgs(q endpoint.Queue) amqp.Table {
 	return args
 }
 
+// endpointQueue is the declaration of an endpoint's queue: its Queue with
+// the Config's QueueType when it sets none. A quorum queue also gets,
+// unless the endpoint sets them itself:
+//   - x-delivery-limit (Config.DeliveryLimit), so that a message that keeps
+//     coming back (its consumer crashes on it) ends;
+//   - the endpoint's error queue as dead-letter target (the default
+//     exchange, routing key = the error queue), so that such a message is
+//     kept there rather than dropped;
+//   - x-dead-letter-strategy at-least-once with x-overflow reject-publish,
+//     which it needs: otherwise the broker dead-letters at most once and a
+//     message can be lost between the two queues.
+func (t *Transport) endpointQueue(ep *endpoint.Endpoint) endpoint.Queue {
+	q := ep.Queue
+	q.Name = ep.Name()
+	if q.Type == "" && t.cfg.QueueType == endpoint.Quorum {
+		q.Type = endpoint.Quorum
+	}
+	if q.Type != endpoint.Quorum || t.cfg.DeliveryLimit < 0 {
+		return q
+	}
+	args := make(map[string]any, len(q.Args)+5)
+	for k, v := range q.Args {
+		args[k] = v
+	}
+	setDefault := func(k string, v any) {
+		if _, ok := args[k]; !ok {
+			args[k] = v
+		}
+	}
+	setDefault("x-delivery-limit", int64(t.cfg.DeliveryLimit))
+	_, dlxArg := args["x-dead-letter-exchange"]
+	if q.DeadLetterExchange == "" && !dlxArg && ep.ErrorQueue != "" {
+		args["x-dead-letter-exchange"] = ""
+		setDefault("x-dead-letter-routing-key", ep.ErrorQueue)
+	}
+	if q.Overflow == "" {
+		setDefault("x-overflow", "reject-publish")
+	}
+	if q.Overflow == "reject-publish" || (q.Overflow == "" && args["x-overflow"] == "reject-publish") {
+		setDefault("x-dead-letter-strategy", "at-least-once")
+	}
+	q.Args = args
+	return q
+}
+
 // errorQueue is the declaration of an endpoint's error queue: durable, of
-// the endpoint queue's type, except that a stream endpoint gets a classic
-// error queue.
-func errorQueue(ep *endpoint.Endpoint) endpoint.Queue {
-	typ := ep.Queue.Type
+// the endpoint queue's type (after Config.QueueType), except that a stream
+// endpoint gets a classic error queue.
+func (t *Transport) errorQueue(ep *endpoint.Endpoint) endpoint.Queue {
+	typ := t.endpointQueue(ep).Type
 	if typ == endpoint.Stream {
 		typ = endpoint.Classic
 	}
@@ -189,14 +234,13 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 		}
 	}
 	for _, ep := range eps {
-		q := ep.Queue
-		q.Name = ep.Name()
-		d.queue(q)
-		// Declared with a dead-letter exchange too: it takes the dead
-		// letters that exchange cannot route.
+		// The error queue first: a quorum endpoint queue dead-letters
+		// into it. Declared with a dead-letter exchange too: it takes the
+		// dead letters that exchange cannot route.
 		if ep.ErrorQueue != "" {
-			d.queue(errorQueue(ep))
+			d.queue(t.errorQueue(ep))
 		}
+		d.queue(t.endpointQueue(ep))
 	}
 	for _, q := range topo.Queues {
 		d.queue(q)
