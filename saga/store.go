@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/barewire-go/barewire/internal/batchdel"
 )
@@ -74,14 +76,50 @@ func (m *Machine[S]) DeleteFinalized(ctx context.Context, db *gorm.DB, retention
 	if batch < 0 || batch > MaxListLimit {
 		return 0, fmt.Errorf("saga %q: DeleteFinalized batch %d: must be within 0-%d", m.name, batch, MaxListLimit)
 	}
-	cutoff := time.Now().UTC().Add(-retention)
-	return batchdel.Once(ctx, batch, func(ctx context.Context, n int) (int, error) {
+	return batchdel.Once(ctx, batch, m.deleteFinalized(db, retention))
+}
+
+// deleteFinalized deletes one batch of finalized instances older than
+// retention. On PostgreSQL the batch skips rows another process is
+// deleting (FOR UPDATE SKIP LOCKED) instead of waiting on them, so several
+// cleaners share the work; SQLite's single writer serializes them.
+func (m *Machine[S]) deleteFinalized(db *gorm.DB, retention time.Duration) batchdel.Func {
+	return func(ctx context.Context, n int) (int, error) {
+		// UTC: SQLite compares the timestamps as text (see State).
+		cutoff := time.Now().UTC().Add(-retention)
 		sub := db.Table(m.cfg.table).Select("correlation_id").
 			Where("current_state = ? AND updated_at < ?", string(Final), cutoff).Limit(n)
+		if db.Dialector != nil && db.Dialector.Name() == "postgres" {
+			sub = sub.Clauses(clause.Locking{Strength: "UPDATE", Options: "SKIP LOCKED"})
+		}
 		res := db.WithContext(ctx).Table(m.cfg.table).Where("correlation_id IN (?)", sub).Delete(new(S))
 		if res.Error != nil {
 			return 0, fmt.Errorf("saga %q: delete finalized: %w", m.name, res.Error)
 		}
 		return int(res.RowsAffected), nil
-	})
+	}
+}
+
+// RunCleanup deletes, every interval until ctx is done, the finalized
+// instances older than the machine's RetainFinalized period, in batches of
+// 1000 until a batch comes back short; failures are logged as warnings
+// through log (nil: slog.Default) and retried next interval. The first
+// pass runs after one interval. Run it on the bus's database, in a
+// goroutine of every process or of one: several at once share the work.
+// It returns at once with an error if the machine has no RetainFinalized
+// period or interval is not positive, and nil when ctx is done.
+func (m *Machine[S]) RunCleanup(ctx context.Context, db *gorm.DB, interval time.Duration, log *slog.Logger) error {
+	switch {
+	case m.cfg.retention == 0:
+		return fmt.Errorf("saga %q: RunCleanup: the machine has no retention period; build it with saga.RetainFinalized(period)", m.name)
+	case interval <= 0:
+		return fmt.Errorf("saga %q: RunCleanup interval %v: must be positive", m.name, interval)
+	case db == nil:
+		return fmt.Errorf("saga %q: RunCleanup: db is nil; pass the bus's database (b.DB() after Start)", m.name)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	batchdel.Loop(ctx, interval, 0, m.deleteFinalized(db, m.cfg.retention), log.With("saga", m.name), "saga cleanup", nil)
+	return nil
 }
