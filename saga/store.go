@@ -123,3 +123,53 @@ func (m *Machine[S]) RunCleanup(ctx context.Context, db *gorm.DB, interval time.
 	batchdel.Loop(ctx, interval, 0, m.deleteFinalized(db, m.cfg.retention), log.With("saga", m.name), "saga cleanup", nil)
 	return nil
 }
+
+// Inspector is a machine seen by tooling (the admin API) whatever its
+// instance type; *Machine[S] implements it. Instances are returned as *S,
+// to be encoded as JSON.
+type Inspector interface {
+	Definition
+	// CountByState counts the instances in each state.
+	CountByState(ctx context.Context, db *gorm.DB) (map[StateName]int64, error)
+	// ListInstances is List with the instances as *S.
+	ListInstances(ctx context.Context, db *gorm.DB, state StateName, limit int) ([]any, error)
+	// GetInstance is Get with the instance as *S.
+	GetInstance(ctx context.Context, db *gorm.DB, id string) (any, error)
+}
+
+var _ Inspector = (*Machine[struct{ State }])(nil)
+
+// CountByState counts the instances in each state (states without
+// instances are absent).
+func (m *Machine[S]) CountByState(ctx context.Context, db *gorm.DB) (map[StateName]int64, error) {
+	var rows []struct {
+		CurrentState string
+		N            int64
+	}
+	if err := db.WithContext(ctx).Table(m.cfg.table).Select("current_state, COUNT(*) AS n").Group("current_state").Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("saga %q: count by state: %w", m.name, err)
+	}
+	out := make(map[StateName]int64, len(rows))
+	for _, r := range rows {
+		out[StateName(r.CurrentState)] = r.N
+	}
+	return out, nil
+}
+
+// ListInstances implements Inspector.
+func (m *Machine[S]) ListInstances(ctx context.Context, db *gorm.DB, state StateName, limit int) ([]any, error) {
+	l, err := m.List(ctx, db, state, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]any, len(l))
+	for i := range l {
+		out[i] = &l[i]
+	}
+	return out, nil
+}
+
+// GetInstance implements Inspector.
+func (m *Machine[S]) GetInstance(ctx context.Context, db *gorm.DB, id string) (any, error) {
+	return m.Get(ctx, db, id)
+}
