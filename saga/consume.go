@@ -112,6 +112,11 @@ func (m *Machine[S]) apply(ctx context.Context, tx *gorm.DB, d *endpoint.Deliver
 	// The machine owns identity and version, whatever the steps did.
 	st.CorrelationID, st.Version, st.CreatedAt = id, version, created
 	to := StateName(st.CurrentState)
+	if !m.states[to] || (to == Initial && from != Initial) {
+		// A step set CurrentState itself: saving it would strand the
+		// instance in a state no behavior handles.
+		return endpoint.Permanent(fmt.Errorf("saga %q: %s moved instance %q from %q to %q, which is undeclared or Initial; move instances only with TransitionTo or Finalize", m.name, typ, id, from, to))
+	}
 	if to == Final && from != Final {
 		for _, fn := range m.final {
 			if err := fn(ctx, c); err != nil {
