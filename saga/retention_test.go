@@ -39,6 +39,7 @@ func TestRetainFinalized(t *testing.T) {
 				w.publish(t, b, Started{ID: id}, uuid.NewString())
 			}
 			settled(t, 3, b)
+			stopping := time.Now()
 			w.publish(t, b, Stopped{ID: "r1"}, uuid.NewString())
 			w.publish(t, b, Stopped{ID: "r2"}, uuid.NewString())
 			settled(t, 9, b) // 5 events, 4 notes
@@ -46,10 +47,15 @@ func TestRetainFinalized(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(final) != 2 {
-				t.Fatalf("List(Final) = %d instances right after finalizing, want 2 (kept for %v)", len(final), retention)
+			finalizedAt := stopping
+			switch {
+			case len(final) == 2:
+				finalizedAt = final[1].UpdatedAt
+			case time.Since(stopping) < retention:
+				t.Fatalf("List(Final) = %d instances %v after finalizing, want 2 (kept for %v)", len(final), time.Since(stopping), retention)
+			default: // a machine so slow the period passed: check only what follows
+				t.Logf("finalizing took longer than the %v retention period; not checking they were kept", retention)
 			}
-			finalizedAt := final[len(final)-1].UpdatedAt
 			deadline := time.Now().Add(retention + 30*time.Second)
 			for {
 				final, err = w.m.List(context.Background(), w.db, saga.Final, 10)
