@@ -53,13 +53,16 @@ func (m *Machine[S]) handle(ctx context.Context, d *endpoint.Delivery, typ strin
 	if tx == nil {
 		return endpoint.Permanent(fmt.Errorf("saga %q: no transaction in the consumer's context; register the machine with saga.Register on a bus endpoint", m.name))
 	}
+	// One savepoint serves every attempt: ROLLBACK TO keeps it. It is not
+	// released after a successful attempt (the commit releases it), which
+	// saves a round trip per event.
+	if err := tx.SavePoint(savepoint).Error; err != nil {
+		return fmt.Errorf("saga %q: savepoint: %w", m.name, err)
+	}
 	for attempt := 0; ; attempt++ {
-		if err := tx.SavePoint(savepoint).Error; err != nil {
-			return fmt.Errorf("saga %q: savepoint: %w", m.name, err)
-		}
 		err := m.apply(ctx, tx, d, typ, msg, id)
 		if err == nil {
-			return tx.Exec("RELEASE SAVEPOINT " + savepoint).Error
+			return nil
 		}
 		if rerr := tx.RollbackTo(savepoint).Error; rerr != nil {
 			return errors.Join(err, fmt.Errorf("saga %q: rollback to savepoint: %w", m.name, rerr))
@@ -109,6 +112,11 @@ func (m *Machine[S]) apply(ctx context.Context, tx *gorm.DB, d *endpoint.Deliver
 	// The machine owns identity and version, whatever the steps did.
 	st.CorrelationID, st.Version, st.CreatedAt = id, version, created
 	to := StateName(st.CurrentState)
+	if !m.states[to] || (to == Initial && from != Initial) {
+		// A step set CurrentState itself: saving it would strand the
+		// instance in a state no behavior handles.
+		return endpoint.Permanent(fmt.Errorf("saga %q: %s moved instance %q from %q to %q, which is undeclared or Initial; move instances only with TransitionTo or Finalize", m.name, typ, id, from, to))
+	}
 	if to == Final && from != Final {
 		for _, fn := range m.final {
 			if err := fn(ctx, c); err != nil {

@@ -30,6 +30,14 @@
 // ErrConcurrencyConflict and the endpoint's retry policy takes over.
 // Pessimistic locks the row with SELECT ... FOR UPDATE instead.
 //
+// Finalized instances are deleted at once, kept (KeepFinalized), or kept
+// for a period (RetainFinalized) after which RunCleanup deletes them.
+//
+// Instance data is the model's own columns, or documents in JSON columns
+// (JSON[T]). Operators list instances with List, CountByState and Get, the
+// admin API (admin.Sagas) or the barewire command (barewire saga).
+//
 // Not yet: Respond (request/response) and Schedule (timeouts) come with
-// the request/scheduling issue. See docs/sagas.md.
+// the request/scheduling issue, and there is no hold policy for unhandled
+// events. See docs/sagas.md.
 package saga

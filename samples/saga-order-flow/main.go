@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/barewire-go/barewire/admin"
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/saga"
@@ -191,6 +192,8 @@ func main() {
 	mux.HandleFunc("GET /orders/{id}", a.order)
 	mux.HandleFunc("GET /orders", a.list)
 	mux.HandleFunc("GET /stats", sample.Stats(b))
+	// The operators' view: the machine's instances by state (read-only).
+	mux.Handle("/admin/", http.StripPrefix("/admin", admin.Handler(b, admin.Sagas(m))))
 	if err := sample.Serve(b, mux, f.Listen, a.migrate); err != nil {
 		log.Fatal(err)
 	}
