@@ -673,7 +673,7 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 		case kind == "queue" && !t.known[name] && lookupErr != nil:
 			errs[i] = lookupErr
 		case kind == "queue" && !t.known[name]:
-			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
+			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name): %w", ErrNoQueue, name, transport.ErrUnroutable)
 		default:
 			idx = append(idx, i)
 		}
