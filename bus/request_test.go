@@ -126,9 +126,12 @@ func TestRequestResponse(t *testing.T) {
 				ep, typ := env.name("rr-slow"), env.name("rrPing")
 				release := make(chan struct{})
 				b := start(t, env.options(responder(ep, typ, func(ctx context.Context, c *endpoint.Context[rrPing]) error {
-					<-release
+					if c.Message.N != 0 {
+						<-release
+					}
 					return double(ctx, c)
 				}))...)
+				warmUp(t, b, ep, typ)
 				begin := time.Now()
 				_, err := bus.Request[rrPong](context.Background(), b, ep, rrPing{N: 1}, pingHeaders(typ), bus.WithRequestTimeout(300*time.Millisecond))
 				if !errors.Is(err, bus.ErrRequestTimeout) {
@@ -138,7 +141,8 @@ func TestRequestResponse(t *testing.T) {
 					t.Fatalf("timed out after %v, want about 300ms", d)
 				}
 				close(release)
-				waitStats(t, b, func(st bus.Stats) bool { return st.ResponsesDropped == 1 })
+				// No event reports a dropped response: poll the counter.
+				waitFor(t, func() bool { return b.Stats().ResponsesDropped == 1 })
 				// The endpoint keeps answering.
 				if resp, err := bus.Request[rrPong](context.Background(), b, ep, rrPing{N: 4}, pingHeaders(typ)); err != nil || resp.N != 8 {
 					t.Fatalf("next Request: %+v, %v", resp, err)
@@ -209,14 +213,14 @@ func TestRequestResponse(t *testing.T) {
 						return errors.New("failed after responding")
 					}
 					return double(ctx, c)
-				}, func(e *endpoint.Endpoint) { e.Retry = endpoint.Interval(1, 1500*time.Millisecond) }))...)
-				_, err := bus.Request[rrPong](context.Background(), b, ep, rrPing{N: 3}, pingHeaders(typ), bus.WithRequestTimeout(time.Second))
+				}, func(e *endpoint.Endpoint) { e.Retry = endpoint.Interval(1, 2500*time.Millisecond) }))...)
+				_, err := bus.Request[rrPong](context.Background(), b, ep, rrPing{N: 3}, pingHeaders(typ), bus.WithRequestTimeout(1500*time.Millisecond))
 				if !errors.Is(err, bus.ErrRequestTimeout) {
 					t.Fatalf("Request: %v, want ErrRequestTimeout (the rolled-back response must not leave)", err)
 				}
 				// The retry commits; its response comes after the caller
 				// gave up and is dropped.
-				waitStats(t, b, func(st bus.Stats) bool { return st.ResponsesDropped == 1 && st.Consumed == 1 })
+				waitFor(t, func() bool { st := b.Stats(); return st.ResponsesDropped == 1 && st.Consumed == 1 })
 			})
 
 			t.Run("UnconsumedDestinationFailsFast", func(t *testing.T) {
@@ -317,7 +321,9 @@ func TestRequestResponse(t *testing.T) {
 				var once sync.Once
 				defer once.Do(func() { close(release) })
 				resp := start(t, env.options(responder(ep, typ, func(ctx context.Context, c *endpoint.Context[rrPing]) error {
-					<-release
+					if c.Message.N != 0 {
+						<-release
+					}
 					return double(ctx, c)
 				}))...)
 				req, err := bus.New(env.options(func(*endpoint.Endpoints) {})...)
@@ -329,6 +335,7 @@ func TestRequestResponse(t *testing.T) {
 				if err := req.Start(ctx); err != nil {
 					t.Fatal(err)
 				}
+				warmUp(t, req, ep, typ)
 				_, err = bus.Request[rrPong](ctx, req, ep, rrPing{N: 1}, pingHeaders(typ), bus.WithRequestTimeout(300*time.Millisecond))
 				if !errors.Is(err, bus.ErrRequestTimeout) {
 					t.Fatalf("Request: %v", err)
@@ -339,13 +346,22 @@ func TestRequestResponse(t *testing.T) {
 				once.Do(func() { close(release) })
 				// The response reaches a terminal state: dropped, no row
 				// pending or parked in the responder's outbox.
-				waitStats(t, resp, func(st bus.Stats) bool { return st.Consumed == 1 })
+				waitStats(t, resp, func(st bus.Stats) bool { return st.Consumed == 2 })
 				waitFor(t, func() bool {
 					st, err := resp.OutboxStore().Stats(ctx)
 					return err == nil && st.Pending == 0 && st.Parked == 0 && st.Delivered >= 1
 				})
 			})
 		})
+	}
+}
+
+// warmUp makes one round trip (N=0), so that b's reply queue is declared
+// before a test measures a short timeout.
+func warmUp(t *testing.T, b *bus.Bus, ep, typ string) {
+	t.Helper()
+	if _, err := bus.Request[rrPong](context.Background(), b, ep, rrPing{N: 0}, pingHeaders(typ), bus.WithRequestTimeout(20*time.Second)); err != nil {
+		t.Fatalf("warm-up request: %v", err)
 	}
 }
 
