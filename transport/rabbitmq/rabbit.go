@@ -51,7 +51,7 @@ type Transport struct {
 	closed    bool
 	endpoints []*endpoint.Endpoint
 	byName    map[string]*endpoint.Endpoint
-	replies   []string // reply queues, declared again after a reconnect
+	replies   []string               // reply queues, declared again after a reconnect
 	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
 	connects  atomic.Int64           // connections made: 1 + reconnects
 
