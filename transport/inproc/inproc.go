@@ -283,7 +283,7 @@ func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 			}
 		} else {
 			if _, ok := t.queues[name]; !ok {
-				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name): %w", ErrNoQueue, name, transport.ErrUnroutable)
+				errs[i] = &noQueueError{fmt.Sprintf("%v %q (declare an endpoint with that name)", ErrNoQueue, name)}
 				continue
 			}
 			targets = []string{name}
@@ -473,3 +473,11 @@ func (t *Transport) Drop() int {
 }
 
 func (s *subscriber) Close() error { return nil }
+
+// noQueueError is the error of a send to an undeclared queue: it matches
+// ErrNoQueue and transport.ErrUnroutable (a request to it fails as
+// unconsumed; a response to a reply queue that is gone is dropped).
+type noQueueError struct{ msg string }
+
+func (e *noQueueError) Error() string   { return e.msg }
+func (e *noQueueError) Unwrap() []error { return []error{ErrNoQueue, transport.ErrUnroutable} }

@@ -712,7 +712,7 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 		case kind == "queue" && !t.known[name] && lookupErr != nil:
 			errs[i] = lookupErr
 		case kind == "queue" && !t.known[name]:
-			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name): %w", ErrNoQueue, name, transport.ErrUnroutable)
+			errs[i] = &noQueueError{fmt.Sprintf("%v %q (declare an endpoint with that name)", ErrNoQueue, name)}
 		default:
 			idx = append(idx, i)
 		}
@@ -1032,3 +1032,11 @@ func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message
 	}
 	return errs
 }
+
+// noQueueError is the error of a send to an undeclared queue: it matches
+// ErrNoQueue and transport.ErrUnroutable (a request to it fails as
+// unconsumed; a response to a reply queue that is gone is dropped).
+type noQueueError struct{ msg string }
+
+func (e *noQueueError) Error() string   { return e.msg }
+func (e *noQueueError) Unwrap() []error { return []error{ErrNoQueue, transport.ErrUnroutable} }
