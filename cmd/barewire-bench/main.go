@@ -65,7 +65,7 @@ type config struct {
 
 var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
 
-var knownScenarios = append(slices.Clone(allScenarios), "soak", "all")
+var knownScenarios = append(slices.Clone(allScenarios), "soak", "request-response", "all")
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
