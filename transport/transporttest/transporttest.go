@@ -657,6 +657,8 @@ func (s *suite) replyQueue(t *testing.T) {
 	stop()
 	for range ch { // the subscription ends before the queue goes
 	}
+	ctx, cancel = context.WithTimeout(context.Background(), s.c.Timeout) // the reconnect may have taken the first one's time
+	defer cancel()
 	if err := rq.DeleteReplyQueue(ctx, name); err != nil {
 		t.Fatalf("DeleteReplyQueue: %v", err)
 	}
