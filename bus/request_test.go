@@ -382,3 +382,49 @@ func TestRequestOptionsValidated(t *testing.T) {
 		t.Fatalf("not started: %v", err)
 	}
 }
+
+// TestRequestEndsWhenBusStops: a request waiting when its bus stops
+// returns ErrStopped, not a timeout much later.
+func TestRequestEndsWhenBusStops(t *testing.T) {
+	running, release := make(chan struct{}), make(chan struct{})
+	b, err := bus.New(quiet(), inprocEndpoints(responder("rr-stop", "rrPing", func(ctx context.Context, c *endpoint.Context[rrPing]) error {
+		if c.Message.N == 0 {
+			return double(ctx, c)
+		}
+		close(running)
+		<-release
+		return nil // no answer
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	warmUp(t, b, "rr-stop", "rrPing")
+	got := make(chan error, 1)
+	go func() {
+		_, err := bus.Request[rrPong](ctx, b, "rr-stop", rrPing{N: 1}, pingHeaders("rrPing"))
+		got <- err
+	}()
+	<-running
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(ctx) }()
+	close(release)
+	select {
+	case err := <-got:
+		if !errors.Is(err, bus.ErrStopped) {
+			t.Fatalf("Request: %v, want ErrStopped", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Request still waiting after Stop")
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Request[rrPong](ctx, b, "rr-stop", rrPing{N: 0}); !errors.Is(err, bus.ErrNotStarted) {
+		t.Fatalf("Request after Stop: %v, want ErrNotStarted", err)
+	}
+}
