@@ -60,6 +60,12 @@ func ToDestination(dest string) Filter {
 	return Filter{desc: "to " + dest, match: func(r *Record) bool { return r.Destination == dest }}
 }
 
+// AnswerTo accepts the response to request requestID (the request's
+// message id), sent with Delivery.Respond.
+func AnswerTo(requestID string) Filter {
+	return Filter{desc: "answering request " + requestID, match: func(r *Record) bool { return r.Headers[bus.HeaderRequestID] == requestID }}
+}
+
 // Where accepts messages whose body, decoded into a T, satisfies pred.
 func Where[T any](pred func(T) bool) Filter {
 	return Filter{desc: "matching a predicate", match: func(r *Record) bool {
@@ -115,6 +121,17 @@ func Faulted[T any](h *Harness, filters ...Filter) Msg[T] {
 func Published[T any](h *Harness, filters ...Filter) Msg[T] {
 	h.t.Helper()
 	return first(PublishedN[T](h, 1, filters...))
+}
+
+// Responded waits until a consumer's response of type T (Delivery.Respond
+// to a request sent with bus.Request) is written by a transaction that
+// committed, and returns it. AnswerTo narrows it to one request; Relayed
+// waits until it left for the requester. A response rolled back with its
+// consumer's attempt never counts.
+func Responded[T any](h *Harness, filters ...Filter) Msg[T] {
+	h.t.Helper()
+	response := Filter{desc: "a response", match: func(r *Record) bool { return r.Headers[bus.HeaderRequestID] != "" }}
+	return Published[T](h, append(filters, response)...)
 }
 
 // PublishedN waits until n messages of type T are published, as

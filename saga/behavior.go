@@ -172,6 +172,25 @@ func (b *EventBehavior[S, M]) Send(destination string, msg func(c *Context[S, M]
 	return b
 }
 
+// Respond answers the event, when it was sent as a request (bus.Request),
+// with the message msg returns (nil: nothing), through the outbox like
+// Publish: the answer leaves only if the transition commits. For an event
+// that is not a request the step fails with endpoint.ErrNotARequest.
+func (b *EventBehavior[S, M]) Respond(msg func(c *Context[S, M]) any) *EventBehavior[S, M] {
+	if msg == nil {
+		b.errs = append(b.errs, fmt.Errorf("When(%s).Respond: function is nil", b.name()))
+		return b
+	}
+	b.steps = append(b.steps, func(ctx context.Context, c *Context[S, M]) error {
+		v := msg(c)
+		if v == nil {
+			return nil
+		}
+		return c.Delivery.Respond(ctx, v)
+	})
+	return b
+}
+
 // TransitionTo moves the instance to state; later steps see the new state.
 func (b *EventBehavior[S, M]) TransitionTo(state StateName) *EventBehavior[S, M] {
 	b.steps = append(b.steps, func(ctx context.Context, c *Context[S, M]) error {

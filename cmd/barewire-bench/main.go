@@ -69,7 +69,7 @@ type config struct {
 
 var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
 
-var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "all")
+var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "all")
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {

@@ -100,6 +100,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.sagaScenario(ctx)
 	case "soak":
 		return r.soakRun(ctx)
+	case "request-response":
+		return r.requestResponse(ctx)
 	}
 	return fmt.Errorf("unknown scenario %q", s)
 }
