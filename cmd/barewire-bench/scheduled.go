@@ -136,7 +136,7 @@ FROM generate_series(1, $3::int) AS g`, queue, typ, r.cfg.future); err != nil {
 		P50: ps[0], P95: ps[1], P99: ps[2], Max: ps[3], Samples: len(late),
 		Produced: int64(n), Consumed: int64(len(late)), Duplicates: dups,
 		RatioOf: "latency = consumed − due",
-		Extra: map[string]any{"future_rows": r.cfg.future, "arrived_early": early, "publish_s": published.Seconds()},
+		Extra:   map[string]any{"future_rows": r.cfg.future, "arrived_early": early, "publish_s": published.Seconds()},
 	}
 	if early > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d messages arrived before their due time", early))
