@@ -452,3 +452,22 @@ func TestScheduleAndCancelInsideConsumer(t *testing.T) {
 	default:
 	}
 }
+
+// TestHealthIgnoresScheduledRows: rows scheduled for later are not a
+// backlog: the relay check passes with more of them than maxPending.
+func TestHealthIgnoresScheduledRows(t *testing.T) {
+	t.Parallel()
+	b := start(t, quiet(), bus.WithHealthThresholds(time.Minute, 2), inprocEndpoint("later", func(e *endpoint.Endpoint) {
+		endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { return nil }, endpoint.ForTypes("Later"))
+	}))
+	ctx := context.Background()
+	for range 3 {
+		if err := b.Send(ctx, "later", bus.Raw{Type: "Later", Body: []byte(`{}`)}, bus.Delay(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := b.CheckHealth(ctx)
+	if got := checkStatus(rep, "relay"); got != "pass" {
+		t.Fatalf("relay check = %s with 3 rows scheduled an hour ahead and maxPending 2; want pass (%+v)", got, rep.Checks)
+	}
+}

@@ -175,13 +175,15 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'pending') AS pending,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'parked') AS parked,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
-(SELECT MIN(created_at) FROM {outbox} WHERE status = 'pending') AS oldest_pending`)
+(SELECT COUNT(*) FROM {outbox} WHERE status = 'pending' AND available_at > {now} AND attempts = 0) AS scheduled,
+(SELECT MIN(CASE WHEN attempts > 0 THEN created_at ELSE available_at END) FROM {outbox}
+ WHERE status = 'pending' AND (available_at <= {now} OR attempts > 0)) AS oldest_pending`)
 	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
 	// A row is cancellable while no relay holds it: a live lease means it
 	// may be on the wire right now.
 	o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE message_id = ? AND status = 'pending'
 AND (locked_until IS NULL OR locked_until < {now})`)
-	o.scheduledCond = s.query(` AND status = 'pending' AND available_at > {now}`)
+	o.scheduledCond = s.query(` AND status = 'pending' AND available_at > {now} AND attempts = 0`)
 	if s.dialect.name == DialectPostgres {
 		o.nextDueSQL = s.query(`SELECT CAST(EXTRACT(EPOCH FROM (MIN(available_at) - {now})) AS double precision) AS secs
 FROM {outbox} WHERE status = 'pending' AND available_at > {now}`)
@@ -468,6 +470,7 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 		Pending       int64  `gorm:"column:pending"`
 		Parked        int64  `gorm:"column:parked"`
 		Delivered     int64  `gorm:"column:delivered"`
+		Scheduled     int64  `gorm:"column:scheduled"`
 		OldestPending dbTime `gorm:"column:oldest_pending"`
 	}
 	if err := o.s.db.WithContext(ctx).Raw(o.statsSQL).Scan(&st).Error; err != nil {
@@ -475,6 +478,7 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 	}
 	return outbox.Stats{
 		Pending:       st.Pending,
+		Scheduled:     st.Scheduled,
 		Parked:        st.Parked,
 		Delivered:     st.Delivered,
 		OldestPending: st.OldestPending.Time,

@@ -109,10 +109,20 @@ type Notifier interface {
 
 // Stats are outbox row counts.
 type Stats struct {
-	Pending   int64
+	// Pending counts the rows waiting for the relay, Scheduled ones
+	// included.
+	Pending int64
+	// Scheduled counts the pending rows not yet due that never failed
+	// (scheduled messages, delayed redeliveries); a failed row waiting for
+	// its retry is not one.
+	Scheduled int64
 	Parked    int64
 	Delivered int64
-	// OldestPending is the creation time of the oldest pending row, zero if none.
+	// OldestPending is since when the longest-waiting pending row should
+	// have left: its due time (available_at; the creation time of a row
+	// published without a schedule), or its creation time once a delivery
+	// of it failed. Zero if none. Rows scheduled for later do not count
+	// until they fall due: they are not late.
 	OldestPending time.Time
 }
 
@@ -125,8 +135,8 @@ type Query struct {
 	// Limit caps the result; 0 means 100.
 	Limit int
 	// Scheduled keeps only pending rows not yet due (available_at in the
-	// future by the database's clock): scheduled messages and delayed
-	// redeliveries waiting for their time.
+	// future by the database's clock) that never failed: scheduled
+	// messages and delayed redeliveries waiting for their time.
 	Scheduled bool
 }
 

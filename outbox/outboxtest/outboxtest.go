@@ -739,6 +739,26 @@ func testStats(t *testing.T, s outbox.Store, inTx InTx) {
 	if st = stats(t, ctx, s); !st.OldestPending.IsZero() || st.Pending != 0 {
 		t.Fatalf("Stats with nothing pending = %+v, want zero OldestPending", st)
 	}
+	// A row scheduled for later is pending and Scheduled, but not late.
+	later := newMessages("later", 1)
+	later[0].Delay = time.Hour
+	add(t, ctx, s, inTx, later)
+	if st = stats(t, ctx, s); st.Pending != 1 || st.Scheduled != 1 || !st.OldestPending.IsZero() {
+		t.Fatalf("Stats with one row scheduled an hour ahead = %+v, want 1 pending, 1 scheduled, zero OldestPending", st)
+	}
+	// A failed row waiting an hour for its retry is late, not scheduled.
+	failed := add(t, ctx, s, inTx, newMessages("failed", 1))
+	wantIDs(t, "Claim", claim(t, ctx, s, "relay-1", 10, longLease), failed)
+	if err := s.Release(ctx, "relay-1", failed, "nack", true, time.Hour, 10); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	created := byID(t, ctx, s, failed[0]).CreatedAt
+	if st = stats(t, ctx, s); st.Pending != 2 || st.Scheduled != 1 || !st.OldestPending.Equal(created) {
+		t.Fatalf("Stats with a failed row waiting for its retry = %+v, want 2 pending, 1 scheduled, OldestPending %v", st, created)
+	}
+	if got := list(t, ctx, s, outbox.Query{Scheduled: true}); len(got) != 1 || got[0].MessageID != "later-0" {
+		t.Fatalf("List(Scheduled) = %v; want only the scheduled row, not the failed one", idsOf(got))
+	}
 }
 
 func testList(t *testing.T, s outbox.Store, inTx InTx) {
