@@ -471,3 +471,24 @@ func TestHealthIgnoresScheduledRows(t *testing.T) {
 		t.Fatalf("relay check = %s with 3 rows scheduled an hour ahead and maxPending 2; want pass (%+v)", got, rep.Checks)
 	}
 }
+
+// TestScheduledNotBoundByPollingInterval: with a 30s PollingInterval the
+// relay still sends a scheduled message at its time: it sleeps until the
+// earliest due row, not a whole poll.
+func TestScheduledNotBoundByPollingInterval(t *testing.T) {
+	t.Parallel()
+	got := make(chan arrival, 1)
+	s := schedSetup{queue: "poll", typ: "Poll"}
+	b := start(t, quiet(), inprocEndpoints(schedConsumer(s, got)),
+		bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 30 * time.Second }))
+	ctx := context.Background()
+	const delay = 700 * time.Millisecond
+	began := time.Now()
+	if err := b.Send(ctx, s.queue, bus.Raw{Type: s.typ, Body: []byte(`{}`)}, bus.Delay(delay)); err != nil {
+		t.Fatal(err)
+	}
+	a := next(t, got, 10*time.Second)
+	if late := a.at.Sub(began.Add(delay)); late > 5*time.Second || late < -5*time.Millisecond {
+		t.Fatalf("consumed %v after its due time; want well within the 30s PollingInterval, never early", late)
+	}
+}
