@@ -879,7 +879,7 @@ func testCancelInTransaction(t *testing.T, s outbox.Store, inTx InTx) {
 	err := inTx(ctx, func(ctx context.Context) error {
 		n, err := s.Cancel(ctx, "ct-0")
 		if err != nil || n != 1 {
-			return fmt.Errorf("Cancel in transaction = %d, %v; want 1, nil", n, err)
+			return fmt.Errorf("cancel in transaction = %d, %v; want 1, nil", n, err)
 		}
 		return errRollback
 	})
@@ -892,7 +892,7 @@ func testCancelInTransaction(t *testing.T, s outbox.Store, inTx InTx) {
 	err = inTx(ctx, func(ctx context.Context) error {
 		n, err := s.Cancel(ctx, "ct-0")
 		if err != nil || n != 1 {
-			return fmt.Errorf("Cancel in transaction = %d, %v; want 1, nil", n, err)
+			return fmt.Errorf("cancel in transaction = %d, %v; want 1, nil", n, err)
 		}
 		return nil
 	})
