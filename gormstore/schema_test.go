@@ -227,7 +227,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 		}
 		want := []string{
 			"table chk_inbox " + file, "index chk_inbox_processed_idx " + file, "index chk_inbox_expires_idx " + file, "index chk_inbox_received_idx " + file,
-			"table chk_outbox " + file, "index chk_outbox_due_idx " + file, "index chk_outbox_pending_message_idx " + file, "index chk_outbox_delivered_idx " + file, "index chk_outbox_parked_idx " + file,
+			"table chk_outbox " + file, "index chk_outbox_due_idx " + file, "index chk_outbox_message_idx " + file, "index chk_outbox_delivered_idx " + file, "index chk_outbox_parked_idx " + file,
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("missing = %q\nwant %q", got, want)

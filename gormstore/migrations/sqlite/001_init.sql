@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS barewire_outbox (
 CREATE INDEX IF NOT EXISTS barewire_outbox_due_idx
     ON barewire_outbox (available_at, id) WHERE status = 'pending';
 -- Cancelling a scheduled message by its message id.
-CREATE INDEX IF NOT EXISTS barewire_outbox_pending_message_idx
+CREATE INDEX IF NOT EXISTS barewire_outbox_message_idx
     ON barewire_outbox (message_id) WHERE status = 'pending';
 -- Cleanup of delivered rows.
 CREATE INDEX IF NOT EXISTS barewire_outbox_delivered_idx
