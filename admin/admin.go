@@ -418,7 +418,14 @@ func (a *handler) outboxList(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	msgs, err := out.List(r.Context(), outbox.Query{Status: status, AfterID: after, Limit: limit})
+	var scheduled bool
+	if s := r.URL.Query().Get("scheduled"); s != "" {
+		if scheduled, err = strconv.ParseBool(s); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("scheduled=%q: want true or false", s))
+			return
+		}
+	}
+	msgs, err := out.List(r.Context(), outbox.Query{Status: status, AfterID: after, Limit: limit, Scheduled: scheduled})
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return

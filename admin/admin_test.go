@@ -192,6 +192,16 @@ func TestAdminReadOnlyRoutes(t *testing.T) {
 	if code != 200 || one["messageId"] != row["messageId"] {
 		t.Errorf("outbox/%d = %d %v", id, code, one)
 	}
+	if err := b.Publish(ctx, AdminInvoice{Number: "later"}, bus.Delay(time.Hour, bus.Headers{bus.HeaderMessageID: "adm-later"})); err != nil {
+		t.Fatal(err)
+	}
+	code, out = adminCall(t, h, "GET", "/admin/outbox?scheduled=true", "")
+	if rows := out["rows"].([]any); code != 200 || len(rows) != 1 || rows[0].(map[string]any)["messageId"] != "adm-later" || rows[0].(map[string]any)["availableAt"] == nil {
+		t.Errorf("outbox?scheduled=true = %d %v; want the one scheduled row with availableAt", code, out)
+	}
+	if code, _ := adminCall(t, h, "GET", "/admin/outbox?scheduled=maybe", ""); code != 400 {
+		t.Errorf("outbox?scheduled=maybe = %d; want 400", code)
+	}
 	if code, _ := adminCall(t, h, "GET", "/admin/outbox/999999", ""); code != 404 {
 		t.Errorf("missing outbox row = %d; want 404", code)
 	}

@@ -13,6 +13,7 @@
 //	GET  /stats       bus counters, outbox and inbox counts
 //	GET  /inbox       inbox entries, newest first; ?messageId= &consumerType= &processed=true|false &limit= &offset=
 //	GET  /outbox      outbox rows, oldest first; ?status=pending|parked|delivered &afterId= &limit=
+//	                  &scheduled=true: only scheduled rows not yet due (availableAt in the future)
 //	GET  /outbox/{id} one outbox row
 //	GET  /sagas       the machines given to Sagas, with their instance counts by state
 //	GET  /sagas/{name}       instances, least recently changed first; ?state= &limit=

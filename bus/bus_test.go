@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +20,12 @@ import (
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv("BW_SCHED_CHILD") != "" {
+		schedChild() // TestScheduledSurvivesSIGKILL's child process; never returns
+	}
+	goleak.VerifyTestMain(m)
+}
 
 type PaymentReceived struct {
 	PaymentID string  `json:"paymentId"`

@@ -44,7 +44,7 @@ func BenchmarkEnvelope(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := bs.envelope("", msg, tc.h); err != nil {
+				if _, _, err := bs.envelope("", msg, tc.h); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -52,6 +52,15 @@
 // message type name (by default the Go type name, or the value of a
 // MessageType() string method).
 //
+// # Scheduling
+//
+// Delay(d) and DeliverAt(t) return Headers that hold a message in the outbox
+// until it is due (by the database's clock), on every transport and across
+// restarts; more headers merge in as extra arguments. CancelScheduled (and
+// CancelScheduledTx) cancels one by message id while it has not left; with a
+// consumer's ctx both the schedule and the cancel happen in the consumer's
+// transaction. See docs/scheduling.md.
+//
 // # Consuming
 //
 // A consumer runs inside one database transaction, reachable with

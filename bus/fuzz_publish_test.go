@@ -36,7 +36,7 @@ func FuzzEnvelope(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, id, corr, typ, hk, hv, dest string) {
 		h := Headers{HeaderMessageID: id, HeaderCorrelationID: corr, HeaderMessageType: typ, hk: hv}
-		m, err := b.envelope(dest, Raw{Type: "T", Body: []byte("x")}, h)
+		m, _, err := b.envelope(dest, Raw{Type: "T", Body: []byte("x")}, h)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrMessageTooLarge) {
 				t.Fatalf("refused with an unclassified error: %v", err)

@@ -100,7 +100,7 @@ func FuzzEnvelopeAMQP(f *testing.F) {
 		if hk != "" {
 			h[hk] = hv
 		}
-		m, err := b.envelope(dest, Raw{Body: body}, h)
+		m, _, err := b.envelope(dest, Raw{Body: body}, h)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidMessage) && !errors.Is(err, ErrMessageTooLarge) {
 				t.Fatalf("error %q wraps neither ErrInvalidMessage nor ErrMessageTooLarge", err)

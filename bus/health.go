@@ -33,9 +33,12 @@ type healthConfig struct {
 }
 
 // WithHealthThresholds sets when the relay check reports the outbox as
-// stalled: when its oldest pending row is older than maxOldestPending, or
-// more than maxPending rows are pending. Zero disables that half of the
-// check. Defaults to 5 minutes and 100000 rows.
+// stalled: when its oldest due pending row has been due for longer than
+// maxOldestPending (failed rows: since they were written), or more than
+// maxPending rows are pending, not counting the rows scheduled for later
+// (bus.Delay, bus.DeliverAt, delayed redeliveries), which count in
+// neither until they fall due. Zero disables that
+// half of the check. Defaults to 5 minutes and 100000 rows.
 func WithHealthThresholds(maxOldestPending time.Duration, maxPending int64) Option {
 	return func(c *config) error {
 		if maxOldestPending < 0 || maxPending < 0 {
@@ -159,6 +162,7 @@ func (b *Bus) checkRelay(ctx context.Context) (map[string]any, error) {
 	}
 	details := map[string]any{
 		"pending":                 st.Pending,
+		"scheduled":               st.Scheduled,
 		"parked":                  st.Parked,
 		"oldestPendingAgeSeconds": age.Seconds(),
 		"maxOldestPendingSeconds": maxAge.Seconds(),
@@ -168,8 +172,9 @@ func (b *Bus) checkRelay(ctx context.Context) (map[string]any, error) {
 	if maxAge > 0 && age > maxAge {
 		errs = append(errs, fmt.Errorf("oldest pending outbox row is %v old (threshold %v): the relay is stalled or the broker refuses messages", age.Round(time.Second), maxAge))
 	}
-	if maxPending > 0 && st.Pending > maxPending {
-		errs = append(errs, fmt.Errorf("%d outbox rows pending (threshold %d): the relay is not keeping up", st.Pending, maxPending))
+	// Rows scheduled for later are waiting by design, not a backlog.
+	if due := st.Pending - st.Scheduled; maxPending > 0 && due > maxPending {
+		errs = append(errs, fmt.Errorf("%d outbox rows pending (threshold %d; %d more scheduled for later): the relay is not keeping up", due, maxPending, st.Scheduled))
 	}
 	return details, errors.Join(errs...)
 }

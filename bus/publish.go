@@ -109,7 +109,7 @@ func (b *Bus) wake() {
 }
 
 func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg any, headers Headers) (err error) {
-	m, err := b.envelope(destination, msg, headers)
+	m, scheduled, err := b.envelope(destination, msg, headers)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,9 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 			}
 		}
 	}
-	viaOutbox := tx != nil || b.cfg.outboxOpts.PublishThroughOutbox
+	// A scheduled message always waits in the outbox: that is where it is
+	// durable and cancellable, whatever the transport.
+	viaOutbox := tx != nil || scheduled || b.cfg.outboxOpts.PublishThroughOutbox
 	ctx, endSpan := b.tel.startPublish(ctx, m, viaOutbox) // the span; trace context into m.Headers
 	direct := false
 	defer func() {
@@ -132,8 +134,9 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 	}()
 	if tx != nil {
 		// A transport that writes in the caller's transaction (PostgreSQL
-		// on the same database) needs no outbox row and no relay hop.
-		if done, err := b.deliverInTx(ctx, tx, m); done {
+		// on the same database) needs no outbox row and no relay hop,
+		// unless the message must wait for its time.
+		if done, err := b.deliverInTx(ctx, tx, m, scheduled); done {
 			direct = true
 			if err != nil {
 				return fmt.Errorf("bus: publish in transaction: %w", err)
@@ -155,7 +158,7 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 	if !started {
 		return ErrNotStarted
 	}
-	if b.cfg.outboxOpts.PublishThroughOutbox {
+	if b.cfg.outboxOpts.PublishThroughOutbox || scheduled {
 		return b.Transaction(ctx, func(tx *gorm.DB) error {
 			return b.outboxSt.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{m})
 		})
@@ -166,8 +169,27 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 	return nil
 }
 
-// envelope serializes msg and resolves its id, type and destination.
-func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Message, error) {
+// envelope serializes msg and resolves its id, type, destination and
+// schedule (scheduled: the headers asked for Delay or DeliverAt).
+func (b *Bus) envelope(destination string, msg any, headers Headers) (m *outbox.Message, scheduled bool, err error) {
+	h := maps.Clone(headers)
+	if h == nil {
+		h = Headers{}
+	}
+	delay, scheduled, err := b.takeSchedule(h)
+	if err != nil {
+		return nil, false, err
+	}
+	m, err = b.envelopeOf(destination, msg, h)
+	if err != nil {
+		return nil, false, err
+	}
+	m.Delay = delay
+	return m, scheduled, nil
+}
+
+// envelopeOf serializes msg and resolves its id, type and destination.
+func (b *Bus) envelopeOf(destination string, msg any, headers Headers) (*outbox.Message, error) {
 	if msg == nil {
 		return nil, fmt.Errorf("%w: message is nil", ErrInvalidMessage)
 	}
@@ -205,7 +227,7 @@ func (b *Bus) envelope(destination string, msg any, headers Headers) (*outbox.Me
 			m.ContentType = "application/octet-stream"
 		}
 	case *Raw:
-		return b.envelope(destination, *v, headers)
+		return b.envelopeOf(destination, *v, headers)
 	default:
 		body, err := b.cfg.serializer.Marshal(msg)
 		if err != nil {

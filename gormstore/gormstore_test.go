@@ -274,7 +274,7 @@ func TestMigrationSQL(t *testing.T) {
 		if err != nil {
 			t.Fatalf("MigrationSQL(%s, acme_): %v", dialect, err)
 		}
-		if strings.Contains(custom, "barewire_") || !strings.Contains(custom, "acme_outbox_pending_idx") {
+		if strings.Contains(custom, "barewire_") || !strings.Contains(custom, "acme_outbox_due_idx") {
 			t.Errorf("MigrationSQL(%s, acme_) did not substitute the prefix:\n%s", dialect, custom)
 		}
 	}

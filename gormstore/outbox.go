@@ -36,6 +36,9 @@ type Outbox struct {
 	watchSQL        string
 	insertOneSQL    string // insertSQL(1, false)
 	insertOneXidSQL string // insertSQL(1, true)
+	cancelSQL       string
+	nextDueSQL      string
+	scheduledCond   string
 
 	// watch notifies other processes of commits (PostgreSQL only; nil on
 	// SQLite).
@@ -44,7 +47,7 @@ type Outbox struct {
 
 // outboxColumns are the columns read back into outbox.Message.
 const outboxColumns = `id, message_id, destination, routing_key, message_type, content_type, correlation_id,
-headers, payload, created_at, status, attempts, last_error, delivered_at`
+headers, payload, created_at, status, attempts, last_error, delivered_at, available_at`
 
 // insertColumns are the columns Add writes; the rest take their defaults
 // (the database clock for created_at). available_at is the database clock
@@ -81,6 +84,7 @@ type outboxRow struct {
 	Attempts      int    `gorm:"column:attempts"`
 	LastError     string `gorm:"column:last_error"`
 	DeliveredAt   dbTime `gorm:"column:delivered_at"`
+	AvailableAt   dbTime `gorm:"column:available_at"`
 }
 
 func (r *outboxRow) message() (*outbox.Message, error) {
@@ -98,6 +102,7 @@ func (r *outboxRow) message() (*outbox.Message, error) {
 		Attempts:      r.Attempts,
 		LastError:     r.LastError,
 		DeliveredAt:   r.DeliveredAt.ptr(),
+		AvailableAt:   r.AvailableAt.Time,
 	}
 	if m.Payload == nil {
 		m.Payload = []byte{}
@@ -112,7 +117,13 @@ func (r *outboxRow) message() (*outbox.Message, error) {
 
 func newOutbox(s *Store) *Outbox {
 	o := &Outbox{s: s, table: s.prefix + "outbox", channel: s.prefix + "outbox"}
+	// Rows are claimed in the order they become due, so the scan of the
+	// partial index (available_at, id) stops at the first row not yet due:
+	// scheduled rows waiting in the future cost the claim nothing. Rows of
+	// one transaction, and of transactions run one after the other, keep
+	// their order (same or later available_at, then id).
 	const claimable = `status = 'pending' AND available_at <= {now} AND (locked_until IS NULL OR locked_until < {now})`
+	const claimOrder = `ORDER BY available_at, id`
 	if s.dialect.name == DialectPostgres {
 		// SKIP LOCKED: rows another relay is claiming right now are passed
 		// over, not waited for. There is no cursor, so a row whose
@@ -120,7 +131,7 @@ func newOutbox(s *Store) *Outbox {
 		// claim.
 		o.claimSQL = s.query(`WITH claimed AS (
 SELECT id FROM {outbox} WHERE ` + claimable + `
-ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)
+` + claimOrder + ` LIMIT ? FOR UPDATE SKIP LOCKED)
 UPDATE {outbox} AS o SET locked_by = ?, locked_until = {now+?}
 FROM claimed WHERE o.id = claimed.id
 RETURNING ` + prefixColumns("o.", outboxColumns))
@@ -143,7 +154,7 @@ SELECT CAST(x AS text) AS xid, status, (SELECT count(*) FROM n) AS notified FROM
 		// SQLite runs one writer at a time, so a single UPDATE is already
 		// exclusive; the lease protects rows between claim and mark.
 		o.claimSQL = s.query(`UPDATE {outbox} SET locked_by = ?, locked_until = {now+?}
-WHERE id IN (SELECT id FROM {outbox} WHERE ` + claimable + ` ORDER BY id LIMIT ?)
+WHERE id IN (SELECT id FROM {outbox} WHERE ` + claimable + ` ` + claimOrder + ` LIMIT ?)
 RETURNING ` + outboxColumns)
 		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
 SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
@@ -166,10 +177,24 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'pending') AS pending,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'parked') AS parked,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
-(SELECT MIN(created_at) FROM {outbox} WHERE status = 'pending') AS oldest_pending`)
+(SELECT COUNT(*) FROM {outbox} WHERE status = 'pending' AND available_at > {now} AND attempts = 0) AS scheduled,
+(SELECT MIN(CASE WHEN attempts > 0 THEN created_at ELSE available_at END) FROM {outbox}
+ WHERE status = 'pending' AND (available_at <= {now} OR attempts > 0)) AS oldest_pending`)
 	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
 	o.insertOneSQL = o.buildInsertSQL(1, false)
 	o.insertOneXidSQL = o.buildInsertSQL(1, true)
+	// A row is cancellable while no relay holds it: a live lease means it
+	// may be on the wire right now.
+	o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE message_id = ? AND status = 'pending'
+AND (locked_until IS NULL OR locked_until < {now})`)
+	o.scheduledCond = s.query(` AND status = 'pending' AND available_at > {now} AND attempts = 0`)
+	if s.dialect.name == DialectPostgres {
+		o.nextDueSQL = s.query(`SELECT CAST(EXTRACT(EPOCH FROM (MIN(available_at) - {now})) AS double precision) AS secs
+FROM {outbox} WHERE status = 'pending' AND available_at > {now}`)
+	} else {
+		o.nextDueSQL = s.query(`SELECT (julianday(MIN(available_at)) - julianday({now})) * 86400.0 AS secs
+FROM {outbox} WHERE status = 'pending' AND available_at > {now}`)
+	}
 	return o
 }
 
@@ -339,8 +364,8 @@ func (o *Outbox) buildInsertSQL(n int, withXid bool) string {
 	return o.s.dialect.bind(sql.String())
 }
 
-// Claim implements outbox.Store: up to limit claimable rows, lowest id
-// first, leased to owner.
+// Claim implements outbox.Store: up to limit claimable rows, earliest due
+// first (then lowest id), leased to owner.
 func (o *Outbox) Claim(ctx context.Context, owner string, limit int, lease time.Duration) ([]*outbox.Message, error) {
 	if owner == "" {
 		return nil, errors.New("gormstore: outbox claim: owner must not be empty")
@@ -492,6 +517,7 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 		Pending       int64  `gorm:"column:pending"`
 		Parked        int64  `gorm:"column:parked"`
 		Delivered     int64  `gorm:"column:delivered"`
+		Scheduled     int64  `gorm:"column:scheduled"`
 		OldestPending dbTime `gorm:"column:oldest_pending"`
 	}
 	if err := o.s.db.WithContext(ctx).Raw(o.statsSQL).Scan(&st).Error; err != nil {
@@ -499,6 +525,7 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 	}
 	return outbox.Stats{
 		Pending:       st.Pending,
+		Scheduled:     st.Scheduled,
 		Parked:        st.Parked,
 		Delivered:     st.Delivered,
 		OldestPending: st.OldestPending.Time,
@@ -513,6 +540,9 @@ func (o *Outbox) List(ctx context.Context, q outbox.Query) ([]*outbox.Message, e
 		sql += " AND status = ?"
 		args = append(args, string(q.Status))
 	}
+	if q.Scheduled {
+		sql += o.scheduledCond
+	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = 100
@@ -524,4 +554,37 @@ func (o *Outbox) List(ctx context.Context, q outbox.Query) ([]*outbox.Message, e
 		return nil, fmt.Errorf("gormstore: outbox list: %w", err)
 	}
 	return toMessages(rows, false)
+}
+
+// Cancel implements outbox.Store: it deletes the pending rows with
+// messageID that no relay holds, in the transaction carried by ctx (see
+// WithTx) when there is one.
+func (o *Outbox) Cancel(ctx context.Context, messageID string) (int, error) {
+	if messageID == "" {
+		return 0, errors.New("gormstore: outbox cancel: empty message id")
+	}
+	db := o.s.db
+	if tx, ok := TxFromContext(ctx); ok {
+		db = tx
+	}
+	res := db.WithContext(ctx).Exec(o.cancelSQL, messageID)
+	if res.Error != nil {
+		return 0, fmt.Errorf("gormstore: outbox cancel %s: %w", messageID, res.Error)
+	}
+	return int(res.RowsAffected), nil
+}
+
+// NextDue implements outbox.Store with one MIN over the partial index
+// (available_at, id) of pending rows.
+func (o *Outbox) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	var r struct {
+		Secs *float64 `gorm:"column:secs"`
+	}
+	if err := o.s.db.WithContext(ctx).Raw(o.nextDueSQL).Scan(&r).Error; err != nil {
+		return 0, false, fmt.Errorf("gormstore: outbox next due: %w", err)
+	}
+	if r.Secs == nil {
+		return 0, false, nil
+	}
+	return max(time.Duration(*r.Secs*float64(time.Second)), 0), true, nil
 }

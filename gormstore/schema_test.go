@@ -121,7 +121,7 @@ func TestMigrationFilesMakeTheSchemaOfMigrate(t *testing.T) {
 		}
 		fromMigrate := catalog(t, b.name, migratedDB, migratedSchema, prefix)
 
-		for _, want := range []string{"barewire_inbox", "barewire_outbox", "barewire_outbox_pending_idx", "payload"} {
+		for _, want := range []string{"barewire_inbox", "barewire_outbox", "barewire_outbox_due_idx", "payload"} {
 			if !slices.ContainsFunc(fromFiles, func(l string) bool { return strings.Contains(l, want) }) {
 				t.Errorf("the catalog of the files' schema does not mention %s:\n%s", want, strings.Join(fromFiles, "\n"))
 			}
@@ -227,7 +227,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 		}
 		want := []string{
 			"table chk_inbox " + file, "index chk_inbox_processed_idx " + file, "index chk_inbox_expires_idx " + file, "index chk_inbox_received_idx " + file,
-			"table chk_outbox " + file, "index chk_outbox_pending_idx " + file, "index chk_outbox_delivered_idx " + file, "index chk_outbox_parked_idx " + file,
+			"table chk_outbox " + file, "index chk_outbox_due_idx " + file, "index chk_outbox_message_idx " + file, "index chk_outbox_delivered_idx " + file, "index chk_outbox_parked_idx " + file,
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("missing = %q\nwant %q", got, want)

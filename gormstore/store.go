@@ -41,7 +41,7 @@ var identifierPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // every one of them must form a valid identifier.
 var identifierSuffixes = []string{
 	"inbox", "inbox_processed_idx", "inbox_expires_idx", "inbox_received_idx",
-	"outbox", "outbox_pending_idx", "outbox_delivered_idx", "outbox_parked_idx",
+	"outbox", "outbox_due_idx", "outbox_message_idx", "outbox_delivered_idx", "outbox_parked_idx",
 }
 
 // Option configures New.

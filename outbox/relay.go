@@ -32,7 +32,9 @@ type Relay struct {
 	Transport Transport
 	// Owner identifies this relay in leases; unique per process.
 	Owner string
-	// PollingInterval is the safety-net poll when no wake-up arrives.
+	// PollingInterval is the safety-net poll when no wake-up arrives. An
+	// idle relay sleeps less when a scheduled row falls due sooner
+	// (Store.NextDue).
 	PollingInterval time.Duration
 	// BatchSize is how many rows one claim takes (DispatchBatchSize).
 	BatchSize int
@@ -158,7 +160,7 @@ func (r *Relay) work(ctx context.Context) {
 			timer = time.NewTimer(afterEmptyWake[recheck])
 			recheck++
 		} else {
-			timer = time.NewTimer(r.PollingInterval)
+			timer = time.NewTimer(r.idleWait(ctx))
 		}
 		select {
 		case <-ctx.Done():
@@ -168,6 +170,23 @@ func (r *Relay) work(ctx context.Context) {
 		}
 		timer.Stop()
 	}
+}
+
+// idleWait is how long an idle worker sleeps: until the earliest scheduled
+// row is due, or PollingInterval if that comes first (or the store cannot
+// tell). A wake-up or a clock advance ends the sleep sooner.
+func (r *Relay) idleWait(ctx context.Context) time.Duration {
+	d, ok, err := r.Store.NextDue(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.Logger.DebugContext(ctx, "outbox: next due time unknown; polling", "error", err)
+		}
+		return r.PollingInterval
+	}
+	if ok && d < r.PollingInterval {
+		return d
+	}
+	return r.PollingInterval
 }
 
 // DispatchOnce claims one batch, delivers it and settles every row. It

@@ -42,7 +42,11 @@ type Message struct {
 	// is refused. Add reads it; rows read back leave it zero.
 	Delay time.Duration
 
-	CreatedAt   time.Time
+	CreatedAt time.Time
+	// AvailableAt is when the row becomes claimable (set on rows read back
+	// by Claim and List; Add leaves it zero).
+	AvailableAt time.Time
+
 	Status      Status
 	Attempts    int
 	LastError   string
@@ -81,6 +85,18 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 	// List returns rows matching q, oldest first.
 	List(ctx context.Context, q Query) ([]*Message, error)
+	// Cancel deletes the pending rows with messageID that no relay holds
+	// (never claimed, or claimed under a lease that has expired) and
+	// returns how many it deleted. It runs in the transaction carried by
+	// ctx when there is one (so it takes effect only if that commits), in
+	// a statement of its own otherwise. A row a relay holds right now, or
+	// one already delivered or parked, is not touched.
+	Cancel(ctx context.Context, messageID string) (int, error)
+	// NextDue returns how long, by the database's clock, until the
+	// earliest pending row that is not yet due becomes due; ok is false
+	// when no pending row lies in the future. The relay sleeps until then
+	// instead of a whole PollingInterval.
+	NextDue(ctx context.Context) (d time.Duration, ok bool, err error)
 }
 
 // Notifier is implemented by stores that can wake relays in other processes
@@ -93,10 +109,20 @@ type Notifier interface {
 
 // Stats are outbox row counts.
 type Stats struct {
-	Pending   int64
+	// Pending counts the rows waiting for the relay, Scheduled ones
+	// included.
+	Pending int64
+	// Scheduled counts the pending rows not yet due that never failed
+	// (scheduled messages, delayed redeliveries); a failed row waiting for
+	// its retry is not one.
+	Scheduled int64
 	Parked    int64
 	Delivered int64
-	// OldestPending is the creation time of the oldest pending row, zero if none.
+	// OldestPending is since when the longest-waiting pending row should
+	// have left: its due time (available_at; the creation time of a row
+	// published without a schedule), or its creation time once a delivery
+	// of it failed. Zero if none. Rows scheduled for later do not count
+	// until they fall due: they are not late.
 	OldestPending time.Time
 }
 
@@ -108,6 +134,10 @@ type Query struct {
 	AfterID int64
 	// Limit caps the result; 0 means 100.
 	Limit int
+	// Scheduled keeps only pending rows not yet due (available_at in the
+	// future by the database's clock) that never failed: scheduled
+	// messages and delayed redeliveries waiting for their time.
+	Scheduled bool
 }
 
 // ErrNoTransaction is returned by Store.Add when ctx carries no transaction.

@@ -296,7 +296,7 @@ func (r *runner) drainBacklog(ctx context.Context, pool *pgxpool.Pool, n int, in
 			return
 		}
 		res.Extra[key] = plan
-		res.Extra[key+"_uses_partial_index"] = strings.Contains(plan, table+"_pending_idx")
+		res.Extra[key+"_uses_partial_index"] = strings.Contains(plan, table+"_due_idx")
 		res.Extra[key+"_exec_ms"] = execTime(plan)
 	}
 	res.Extra["claim_sql"] = claimSQL

@@ -50,6 +50,8 @@ type config struct {
 	inflight     int
 	backlog      int
 	inboxMsgs    int
+	future       int
+	scheduled    int
 	rates        []float64
 	sweepDur     time.Duration
 	soak         time.Duration
@@ -67,7 +69,7 @@ type config struct {
 	sagaHot      int
 }
 
-var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
+var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog", "scheduled"}
 
 var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "all")
 
@@ -91,6 +93,8 @@ func parseFlags() (*config, error) {
 	flag.Float64Var(&c.rate, "rate", 0, "fixed offered rate in msg/s for baseline, e2e, watermill-forwarder and soak (0: closed loop at peak)")
 	flag.IntVar(&c.inflight, "inflight", 2000, "closed loop: producers pause while this many messages are committed but not yet consumed")
 	flag.IntVar(&c.backlog, "backlog", 1_000_000, "backlog scenario: undelivered outbox rows to drain (as many delivered rows are retained beside them)")
+	flag.IntVar(&c.future, "future-rows", 100_000, "scheduled: outbox rows scheduled an hour or more ahead, waiting beside the measured ones")
+	flag.IntVar(&c.scheduled, "scheduled-msgs", 1000, "scheduled: messages scheduled 0.5–10.5 s ahead whose due → consumed lateness is measured")
 	flag.IntVar(&c.inboxMsgs, "inbox-msgs", 10000, "inbox-overhead: messages preloaded in the queue per mode")
 	flag.StringVar(&rates, "rates", "", "sweep: offered rates in msg/s, comma-separated (default: fractions of this run's e2e and baseline peaks)")
 	flag.DurationVar(&c.sweepDur, "sweep-duration", 0, "sweep: measured time per rate (default: half of -duration, at least 5s)")

@@ -94,6 +94,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.inboxOverhead(ctx)
 	case "backlog":
 		return r.backlogScenario(ctx)
+	case "scheduled":
+		return r.scheduledScenario(ctx)
 	case "pg-transport":
 		return r.pgTransport(ctx)
 	case "saga":

@@ -36,7 +36,7 @@ Usage:
   barewire inbox ls [--message-id ID] [--consumer-type NAME] [--processed true|false] [--limit N] [--offset N]
   barewire inbox show MESSAGE-ID [--consumer-type NAME]
   barewire inbox purge [--older-than 7d] [--batch N] [--dry-run] [--include-pending --yes]
-  barewire outbox ls [--status pending|parked|delivered] [--after-id ID] [--limit N]
+  barewire outbox ls [--status pending|parked|delivered] [--scheduled] [--after-id ID] [--limit N]
   barewire outbox requeue (ID... | --all-parked)
   barewire outbox purge [--older-than 7d] [--batch N] [--dry-run] [--include-pending --yes]
   barewire saga states --table TABLE

@@ -196,6 +196,7 @@ func (c *cli) outboxList(args []string) error {
 	status := fs.String("status", "", "pending, parked or delivered (default: all)")
 	after := fs.Int64("after-id", 0, "only rows with a greater id (paging)")
 	limit := fs.Int("limit", 50, "rows per page (1-10000)")
+	scheduled := fs.Bool("scheduled", false, "only scheduled rows not yet due (bus.Delay, bus.DeliverAt, delayed redeliveries)")
 	if _, err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -212,7 +213,7 @@ func (c *cli) outboxList(args []string) error {
 		return err
 	}
 	defer closeDB(db)
-	msgs, err := store.Outbox().List(c.ctx, outbox.Query{Status: outbox.Status(*status), AfterID: *after, Limit: *limit})
+	msgs, err := store.Outbox().List(c.ctx, outbox.Query{Status: outbox.Status(*status), AfterID: *after, Limit: *limit, Scheduled: *scheduled})
 	if err != nil {
 		return err
 	}
@@ -230,10 +231,14 @@ func (c *cli) outboxList(args []string) error {
 		if lastErr == "" {
 			lastErr = "-"
 		}
+		due := "-"
+		if r.Status == string(outbox.StatusPending) && r.AvailableAt != nil && r.AvailableAt.After(r.CreatedAt) {
+			due = fmtTime(*r.AvailableAt)
+		}
 		rows[i] = []string{strconv.FormatInt(r.ID, 10), r.MessageID, r.MessageType, r.Destination, r.Status,
-			strconv.Itoa(r.Attempts), fmtTime(r.CreatedAt), truncate(lastErr, 60)}
+			strconv.Itoa(r.Attempts), fmtTime(r.CreatedAt), due, truncate(lastErr, 60)}
 	}
-	if err := c.table([]string{"ID", "MESSAGE ID", "TYPE", "DESTINATION", "STATUS", "ATTEMPTS", "CREATED", "LAST ERROR"}, rows); err != nil {
+	if err := c.table([]string{"ID", "MESSAGE ID", "TYPE", "DESTINATION", "STATUS", "ATTEMPTS", "CREATED", "DUE", "LAST ERROR"}, rows); err != nil {
 		return err
 	}
 	if len(out) == *limit {

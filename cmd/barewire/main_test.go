@@ -323,3 +323,38 @@ func TestCLIEnvDSNNeverPrinted(t *testing.T) { // not parallel: it sets the envi
 		t.Errorf("stats with BAREWIRE_DSN = %d %q; want a connection error", code, errOut)
 	}
 }
+
+// TestCLIScheduled: outbox ls --scheduled lists only rows waiting for a
+// future due time, with their DUE column.
+func TestCLIScheduled(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "bus.db")
+	ok(t, "migrate", "--dsn", "sqlite:"+path)
+	db, err := gormstore.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(db) })
+	store, err := gormstore.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	err = db.Transaction(func(tx *gorm.DB) error {
+		return store.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{
+			{MessageID: "now", Destination: "queue:reminders", Payload: []byte(`{}`)},
+			{MessageID: "later", Destination: "queue:reminders", Payload: []byte(`{}`), Delay: time.Hour},
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := decode[[]view.OutboxRow](t, ok(t, "outbox", "ls", "--scheduled", "--json", "--dsn", path))
+	if len(rows) != 1 || rows[0].MessageID != "later" || rows[0].AvailableAt == nil || time.Until(*rows[0].AvailableAt) < 50*time.Minute {
+		t.Fatalf("outbox ls --scheduled = %+v; want the one row due in an hour", rows)
+	}
+	text := ok(t, "outbox", "ls", "--scheduled", "--dsn", path)
+	if !strings.Contains(text, "DUE") || !strings.Contains(text, "later") || strings.Contains(text, " now ") {
+		t.Errorf("outbox ls --scheduled:\n%s", text)
+	}
+}

@@ -71,6 +71,9 @@ type OutboxRow struct {
 	LastError     string            `json:"lastError,omitempty"`
 	CreatedAt     time.Time         `json:"createdAt"`
 	DeliveredAt   *time.Time        `json:"deliveredAt,omitempty"`
+	// AvailableAt is when a pending row becomes due: in the future for a
+	// scheduled message or a delayed redelivery.
+	AvailableAt *time.Time `json:"availableAt,omitempty"`
 }
 
 // Outbox returns the view of m.
@@ -84,6 +87,10 @@ func Outbox(m *outbox.Message) OutboxRow {
 	if m.DeliveredAt != nil {
 		t := m.DeliveredAt.UTC()
 		row.DeliveredAt = &t
+	}
+	if !m.AvailableAt.IsZero() {
+		t := m.AvailableAt.UTC()
+		row.AvailableAt = &t
 	}
 	return row
 }

@@ -76,6 +76,12 @@ func Run(t *testing.T, newStore func(t *testing.T) (outbox.Store, InTx), opts ..
 		{"Cleanup", testCleanup, false},
 		{"Stats", testStats, false},
 		{"List", testList, false},
+		{"ListScheduled", testListScheduled, false},
+		{"ClaimSkipsFutureBacklog", testClaimSkipsFutureBacklog, false},
+		{"CancelPending", testCancelPending, false},
+		{"CancelInTransaction", testCancelInTransaction, false},
+		{"CancelLeasedOrDelivered", testCancelLeasedOrDelivered, false},
+		{"NextDue", testNextDue, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -733,6 +739,26 @@ func testStats(t *testing.T, s outbox.Store, inTx InTx) {
 	if st = stats(t, ctx, s); !st.OldestPending.IsZero() || st.Pending != 0 {
 		t.Fatalf("Stats with nothing pending = %+v, want zero OldestPending", st)
 	}
+	// A row scheduled for later is pending and Scheduled, but not late.
+	later := newMessages("later", 1)
+	later[0].Delay = time.Hour
+	add(t, ctx, s, inTx, later)
+	if st = stats(t, ctx, s); st.Pending != 1 || st.Scheduled != 1 || !st.OldestPending.IsZero() {
+		t.Fatalf("Stats with one row scheduled an hour ahead = %+v, want 1 pending, 1 scheduled, zero OldestPending", st)
+	}
+	// A failed row waiting an hour for its retry is late, not scheduled.
+	failed := add(t, ctx, s, inTx, newMessages("failed", 1))
+	wantIDs(t, "Claim", claim(t, ctx, s, "relay-1", 10, longLease), failed)
+	if err := s.Release(ctx, "relay-1", failed, "nack", true, time.Hour, 10); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	created := byID(t, ctx, s, failed[0]).CreatedAt
+	if st = stats(t, ctx, s); st.Pending != 2 || st.Scheduled != 1 || !st.OldestPending.Equal(created) {
+		t.Fatalf("Stats with a failed row waiting for its retry = %+v, want 2 pending, 1 scheduled, OldestPending %v", st, created)
+	}
+	if got := list(t, ctx, s, outbox.Query{Scheduled: true}); len(got) != 1 || got[0].MessageID != "later-0" {
+		t.Fatalf("List(Scheduled) = %v; want only the scheduled row, not the failed one", idsOf(got))
+	}
 }
 
 func testList(t *testing.T, s outbox.Store, inTx InTx) {
@@ -778,5 +804,137 @@ func testList(t *testing.T, s outbox.Store, inTx InTx) {
 	}
 	if got := list(t, ctx, s, outbox.Query{AfterID: more[len(more)-2]}); len(got) != 1 {
 		t.Fatalf("List after the second-to-last row returned %d rows, want 1", len(got))
+	}
+}
+
+// testListScheduled: Query.Scheduled lists pending rows not yet due, with
+// AvailableAt in the future, and not the rows due now.
+func testListScheduled(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	msgs := newMessages("s", 3)
+	msgs[0].Delay = time.Hour
+	msgs[2].Delay = 2 * time.Hour
+	ids := add(t, ctx, s, inTx, msgs)
+	got := list(t, ctx, s, outbox.Query{Scheduled: true})
+	wantIDs(t, "List(Scheduled)", got, []int64{ids[0], ids[2]})
+	for i, m := range got {
+		if m.Status != outbox.StatusPending {
+			t.Errorf("scheduled row %d has status %q, want pending", m.ID, m.Status)
+		}
+		if ahead := time.Until(m.AvailableAt); ahead < 50*time.Minute || ahead > 3*time.Hour {
+			t.Errorf("scheduled row %d: AvailableAt %v is %v from now; want about %v", m.ID, m.AvailableAt, ahead, []time.Duration{time.Hour, 2 * time.Hour}[i])
+		}
+	}
+	all := list(t, ctx, s, outbox.Query{})
+	if len(all) != 3 || all[1].AvailableAt.IsZero() {
+		t.Fatalf("List() = %d rows (AvailableAt of the due one %v); want 3 with AvailableAt set", len(all), all[1].AvailableAt)
+	}
+}
+
+// testClaimSkipsFutureBacklog: rows scheduled in the future, however many
+// and however old their ids, never hide rows that are due.
+func testClaimSkipsFutureBacklog(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	future := newMessages("future", 300)
+	for _, m := range future {
+		m.Delay = time.Hour
+	}
+	add(t, ctx, s, inTx, future)
+	due := add(t, ctx, s, inTx, newMessages("due", 5))
+	wantIDs(t, "Claim(2) behind 300 future rows", claim(t, ctx, s, "relay-1", 2, longLease), due[:2])
+	wantIDs(t, "Claim(10) behind 300 future rows", claim(t, ctx, s, "relay-1", 10, longLease), due[2:])
+}
+
+// testCancelPending: Cancel removes a pending row by message id, counts it
+// once, and leaves other rows alone.
+func testCancelPending(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	msgs := newMessages("c", 2)
+	msgs[0].Delay = time.Hour
+	ids := add(t, ctx, s, inTx, msgs)
+	n, err := s.Cancel(ctx, "c-0")
+	if err != nil || n != 1 {
+		t.Fatalf("Cancel(c-0) = %d, %v; want 1, nil", n, err)
+	}
+	n, err = s.Cancel(ctx, "c-0")
+	if err != nil || n != 0 {
+		t.Fatalf("second Cancel(c-0) = %d, %v; want 0, nil", n, err)
+	}
+	if n, err := s.Cancel(ctx, "no-such-message"); err != nil || n != 0 {
+		t.Fatalf("Cancel(no-such-message) = %d, %v; want 0, nil", n, err)
+	}
+	wantIDs(t, "List after Cancel", list(t, ctx, s, outbox.Query{}), ids[1:])
+	if _, err := s.Cancel(ctx, ""); err == nil {
+		t.Error("Cancel(\"\") = nil error, want one naming the empty message id")
+	}
+}
+
+// testCancelInTransaction: a Cancel in a transaction that rolls back
+// cancels nothing; one that commits cancels.
+func testCancelInTransaction(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	msgs := newMessages("ct", 1)
+	msgs[0].Delay = time.Hour
+	add(t, ctx, s, inTx, msgs)
+	err := inTx(ctx, func(ctx context.Context) error {
+		n, err := s.Cancel(ctx, "ct-0")
+		if err != nil || n != 1 {
+			return fmt.Errorf("cancel in transaction = %d, %v; want 1, nil", n, err)
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+	if got := list(t, ctx, s, outbox.Query{Scheduled: true}); len(got) != 1 {
+		t.Fatalf("after a rolled-back Cancel, %d scheduled rows; want 1", len(got))
+	}
+	err = inTx(ctx, func(ctx context.Context) error {
+		n, err := s.Cancel(ctx, "ct-0")
+		if err != nil || n != 1 {
+			return fmt.Errorf("cancel in transaction = %d, %v; want 1, nil", n, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCounts(t, ctx, s, 0, 0, 0)
+}
+
+// testCancelLeasedOrDelivered: a row a relay holds under a live lease, or
+// one already delivered, is not cancelled.
+func testCancelLeasedOrDelivered(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	ids := add(t, ctx, s, inTx, newMessages("cl", 2))
+	wantIDs(t, "Claim", claim(t, ctx, s, "relay-1", 10, longLease), ids)
+	if n, err := s.Cancel(ctx, "cl-0"); err != nil || n != 0 {
+		t.Fatalf("Cancel of a leased row = %d, %v; want 0, nil", n, err)
+	}
+	markDelivered(t, ctx, s, "relay-1", ids, false, 2)
+	if n, err := s.Cancel(ctx, "cl-1"); err != nil || n != 0 {
+		t.Fatalf("Cancel of a delivered row = %d, %v; want 0, nil", n, err)
+	}
+	wantCounts(t, ctx, s, 0, 0, 2)
+}
+
+// testNextDue: NextDue reports the wait until the earliest future row, and
+// nothing when no pending row lies in the future.
+func testNextDue(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+		t.Fatalf("NextDue on an empty store = ok %v, %v; want false, nil", ok, err)
+	}
+	add(t, ctx, s, inTx, newMessages("now", 1))
+	if _, ok, err := s.NextDue(ctx); err != nil || ok {
+		t.Fatalf("NextDue with only a due row = ok %v, %v; want false, nil", ok, err)
+	}
+	msgs := newMessages("later", 2)
+	msgs[0].Delay = 2 * time.Hour
+	msgs[1].Delay = 30 * time.Minute
+	add(t, ctx, s, inTx, msgs)
+	d, ok, err := s.NextDue(ctx)
+	if err != nil || !ok || d < 29*time.Minute || d > 30*time.Minute+time.Second {
+		t.Fatalf("NextDue = %v, ok %v, %v; want about 30m", d, ok, err)
 	}
 }

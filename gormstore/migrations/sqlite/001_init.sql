@@ -73,10 +73,16 @@ CREATE TABLE IF NOT EXISTS barewire_outbox (
     available_at   DATETIME NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
 );
 
--- The claim query walks pending rows in id order; the partial index keeps it
--- cheap however many delivered rows are retained.
-CREATE INDEX IF NOT EXISTS barewire_outbox_pending_idx
-    ON barewire_outbox (id) WHERE status = 'pending';
+-- The claim query walks pending rows in the order they become due
+-- (available_at, then id) and stops at the first one not yet due: the
+-- partial index keeps it cheap however many delivered rows are retained and
+-- however many scheduled rows wait in the future (docs/benchmarks.md has the
+-- plan with 1,000,000 of them). The relay's next-due lookup reads it too.
+CREATE INDEX IF NOT EXISTS barewire_outbox_due_idx
+    ON barewire_outbox (available_at, id) WHERE status = 'pending';
+-- Cancelling a scheduled message by its message id.
+CREATE INDEX IF NOT EXISTS barewire_outbox_message_idx
+    ON barewire_outbox (message_id) WHERE status = 'pending';
 -- Cleanup of delivered rows.
 CREATE INDEX IF NOT EXISTS barewire_outbox_delivered_idx
     ON barewire_outbox (delivered_at) WHERE status = 'delivered';
