@@ -69,6 +69,12 @@ const (
 	// HeaderDestination is where a received message was sent
 	// ("exchange:<name>" or "queue:<name>").
 	HeaderDestination = wire.HeaderDestination
+	// HeaderResponseAddress is set on a request (Request): where its
+	// response goes. Delivery.Respond reads it.
+	HeaderResponseAddress = wire.HeaderResponseAddress
+	// HeaderRequestID is set on a response: the message id of the request
+	// it answers.
+	HeaderRequestID = wire.HeaderRequestID
 	// HeaderRedelivered is "true" when the transport delivered the message before.
 	HeaderRedelivered = transport.MetaRedelivered
 	// HeaderDeliveryCount is the broker's delivery count, when it keeps one.
@@ -105,6 +111,7 @@ type Bus struct {
 	tel        *telemetry // OpenTelemetry (telemetry.go)
 	obs        fanout     // what the engine reports goes to every observer (observe.go)
 	gate       *dbGate
+	replies    replies // the reply queue and the requests waiting (request.go)
 }
 
 // New builds a bus from options. It performs no I/O: connections are made
@@ -305,6 +312,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.cancel = cancel
+	b.replies.start(runCtx)
 	b.routerDone = make(chan error, 1)
 	go func() { b.routerDone <- router.Run(runCtx) }()
 	if len(b.endpoints) > 0 {
@@ -330,6 +338,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	if n, ok := b.outboxSt.(outbox.Notifier); ok && b.db.Dialector.Name() == "postgres" {
 		b.relay.Notifier = n
 	}
+	b.relay.Transport = &responseDropper{b: b, next: b.relay.Transport}
 	b.instrumentRelay(b.relay)
 	b.wakeRelay.Store(b.relay)
 	b.bg.Go(func() { b.relay.Run(runCtx) })
@@ -392,6 +401,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
 	}
+	b.replies.close() // no reply queue is declared from now on
 	b.cancel()
 	b.bg.Wait()
 	// Flush what committed transactions left in the outbox, within ctx.
@@ -405,6 +415,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 	case <-b.routerDone:
 	case <-ctx.Done():
 	}
+	b.deleteReplyQueue(ctx)
 	// The commit watcher (PostgreSQL) stops here; commits after Stop are
 	// found by the other instances' polls.
 	if err := b.store.Close(); err != nil {

@@ -156,6 +156,7 @@ func (b *Bus) handle(ctx context.Context, ep *endpoint.Endpoint, disp *dispatche
 	}
 	log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", d.messageType,
 		"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	b.answerFault(ctx, ep, msg, dl, log)
 	return OutcomeDeadLettered
 }
 

@@ -26,12 +26,18 @@ type Stats struct {
 	Requeued int64
 	// InFlight is how many messages are being handled now.
 	InFlight int64
+	// ResponsesDropped counts responses dropped: ones that arrived after
+	// their request had timed out or been cancelled, and ones this
+	// instance could not deliver because the requester's reply queue was
+	// gone (see docs/request-response.md).
+	ResponsesDropped int64
 }
 
 // counters is the observer behind Stats.
 type counters struct {
 	nopObserver
 	consumed, duplicates, retries, redelivered, deadLettered, requeued, inFlight atomic.Int64
+	responsesDropped                                                             atomic.Int64
 }
 
 func (c *counters) started(ctx context.Context, _ *delivery) context.Context {
@@ -60,12 +66,13 @@ func (c *counters) handled(_ context.Context, d *delivery) {
 // Stats returns the counters.
 func (b *Bus) Stats() Stats {
 	return Stats{
-		Consumed:     b.ctr.consumed.Load(),
-		Duplicates:   b.ctr.duplicates.Load(),
-		Retries:      b.ctr.retries.Load(),
-		Redelivered:  b.ctr.redelivered.Load(),
-		DeadLettered: b.ctr.deadLettered.Load(),
-		Requeued:     b.ctr.requeued.Load(),
-		InFlight:     b.ctr.inFlight.Load(),
+		Consumed:         b.ctr.consumed.Load(),
+		Duplicates:       b.ctr.duplicates.Load(),
+		Retries:          b.ctr.retries.Load(),
+		Redelivered:      b.ctr.redelivered.Load(),
+		DeadLettered:     b.ctr.deadLettered.Load(),
+		Requeued:         b.ctr.requeued.Load(),
+		InFlight:         b.ctr.inFlight.Load(),
+		ResponsesDropped: b.ctr.responsesDropped.Load(),
 	}
 }

@@ -34,6 +34,7 @@ const (
 	attrDestination = attribute.Key("destination")
 	attrOutcome     = attribute.Key("outcome")
 	attrTablePrefix = attribute.Key("table_prefix")
+	attrReason      = attribute.Key("reason")
 )
 
 // Attribute keys of spans: OpenTelemetry's messaging semantic conventions,
@@ -123,6 +124,9 @@ type telemetry struct {
 	// barewire.messages.*
 	msgPublished, msgConsumed, msgFailed, msgRetried, msgRedelivered, msgDeadLettered, msgDuplicates metric.Int64Counter
 
+	// barewire.responses.dropped (request.go)
+	respDropped metric.Int64Counter
+
 	msgInFlight     metric.Int64UpDownCounter
 	dbOutages       metric.Int64Counter
 	dbPaused        metric.Int64UpDownCounter
@@ -174,6 +178,7 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 	t.msgRedelivered = counter("barewire.messages.redelivered", "Messages handed back for a delayed redelivery.")
 	t.msgDeadLettered = counter("barewire.messages.dead_lettered", "Messages moved to a dead-letter destination.")
 	t.msgDuplicates = counter("barewire.messages.duplicates", "Deliveries the inbox skipped as already processed.")
+	t.respDropped = counter("barewire.responses.dropped", "Responses dropped: reason=late (the request had timed out or was cancelled) or reason=unroutable (the requester's reply queue is gone).")
 
 	var err error
 	if t.msgInFlight, err = m.Int64UpDownCounter("barewire.messages.in_flight",

@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"runtime"
@@ -72,6 +73,47 @@ func (d *Delivery) Send(ctx context.Context, destination string, msg any, header
 		return fmt.Errorf("endpoint: this delivery cannot send (not created by a bus)")
 	}
 	return d.publisher.Send(ctx, destination, msg, d.inherit(ctx, headers))
+}
+
+// ErrNotARequest is returned by Respond for a message that was not sent as a
+// request (it carries no BW-ResponseAddress header).
+var ErrNotARequest = errors.New("endpoint: the message is not a request (no BW-ResponseAddress header); only messages sent with bus.Request can be answered")
+
+// responder is implemented by publishers that answer requests (the bus's).
+type responder interface {
+	Respond(ctx context.Context, address string, msg any, headers Headers) error
+}
+
+// Respond answers the request this delivery carries (one sent with
+// bus.Request) with msg, in the consumer's transaction: the response is
+// written to the outbox and leaves only if the consumer's transaction
+// commits, like anything it publishes. Its message id is derived from the
+// request's id and the endpoint's name, so that a response written twice
+// is one message to the requester. Call it once per request; a request
+// whose consumer fails is answered by the bus with a fault instead
+// (bus.RequestFaultError on the caller's side) once it is dead-lettered.
+// Respond returns ErrNotARequest for a message that is not a request.
+func (d *Delivery) Respond(ctx context.Context, msg any) error {
+	if d.publisher == nil {
+		return fmt.Errorf("endpoint: this delivery cannot respond (not created by a bus)")
+	}
+	addr := d.Headers[wire.HeaderResponseAddress]
+	if addr == "" {
+		return ErrNotARequest
+	}
+	// The address comes from the wire: only a queue may be answered, so
+	// that a crafted request cannot make the consumer publish anywhere.
+	if !strings.HasPrefix(addr, wire.QueuePrefix) || len(addr) == len(wire.QueuePrefix) {
+		return Permanent(fmt.Errorf("endpoint: request %q has response address %q; want %s<queue>", d.MessageID, addr, wire.QueuePrefix))
+	}
+	h := d.inherit(ctx, Headers{
+		wire.HeaderRequestID: d.MessageID,
+		wire.HeaderMessageID: wire.ResponseID(d.MessageID, d.Endpoint),
+	})
+	if r, ok := d.publisher.(responder); ok {
+		return r.Respond(ctx, addr, msg, h)
+	}
+	return d.publisher.Send(ctx, addr, msg, h)
 }
 
 // correlationDropper is implemented by publishers that want to know when an

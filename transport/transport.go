@@ -69,3 +69,19 @@ func Headers(m *outbox.Message, room int) map[string]string {
 	}
 	return h
 }
+
+// ReplyQueues is implemented by transports that give a bus instance a
+// private queue for the responses to its requests (bus.Request). The bus
+// consumes the queue through Subscriber like an endpoint's, after
+// DeclareReplyQueue, and acknowledges each response as it takes it.
+type ReplyQueues interface {
+	// DeclareReplyQueue declares queue name for this process alone, after
+	// Start; sends to it ("queue:<name>") from any process reach it. The
+	// transport keeps it declared across reconnects. A response sent
+	// after the queue is gone must fail (or vanish), never wait.
+	DeclareReplyQueue(ctx context.Context, name string) error
+	// DeleteReplyQueue removes the queue and what it holds, at Stop. A
+	// transport whose reply queues go away on their own (RabbitMQ's
+	// exclusive queues) may do nothing.
+	DeleteReplyQueue(ctx context.Context, name string) error
+}

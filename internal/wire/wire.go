@@ -45,6 +45,13 @@ const (
 	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
 	HeaderRedeliveryCount = "BW-Redelivery-Count"
 
+	// HeaderResponseAddress is where the response to a request goes
+	// ("queue:<the requesting instance's reply queue>").
+	HeaderResponseAddress = "BW-ResponseAddress"
+	// HeaderRequestID is set on a response: the message id of the request
+	// it answers.
+	HeaderRequestID = "BW-RequestId"
+
 	// HeaderWatermillUUID is where Watermill-native publishers put the id.
 	HeaderWatermillUUID = "_watermill_message_uuid"
 )
@@ -57,6 +64,18 @@ const (
 
 // NewID returns a fresh message id (a random UUID as a string).
 func NewID() string { return uuid.NewString() }
+
+// responseNamespace makes response ids: a UUID of its own so that they
+// never equal an id made another way.
+var responseNamespace = uuid.MustParse("6c1b7f0e-9b4a-5a57-8e0e-3c5f1d2a9b10")
+
+// ResponseID returns the message id of the response endpoint gives to
+// request requestID: the same every time, so that a response written again
+// (a request redelivered after its consumer's transaction committed) is one
+// message to the receiving side.
+func ResponseID(requestID, endpoint string) string {
+	return uuid.NewSHA1(responseNamespace, []byte(endpoint+"\x00"+requestID)).String()
+}
 
 // ParseDestination splits "queue:name" or "exchange:name". A bare name is a queue.
 func ParseDestination(d string) (kind, name string) {

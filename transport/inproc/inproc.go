@@ -17,7 +17,10 @@ import (
 	"github.com/barewire-go/barewire/transport"
 )
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.ReplyQueues = (*Transport)(nil)
+)
 
 // ErrNoQueue is returned by Deliver for a send to a queue nobody declared.
 var ErrNoQueue = errors.New("inproc: no such queue")
@@ -224,7 +227,31 @@ func (t *Transport) Start(_ context.Context, eps []*endpoint.Endpoint) error {
 	return nil
 }
 
-// Deliver routes each message; a send to an unknown queue fails.
+// DeclareReplyQueue declares queue name (a bus instance's reply queue).
+func (t *Transport) DeclareReplyQueue(_ context.Context, name string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("inproc: closed: %w", outbox.ErrTransportUnavailable)
+	}
+	t.queue(name)
+	return nil
+}
+
+// DeleteReplyQueue removes queue name and the messages in it: later sends
+// to it fail with ErrNoQueue.
+func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if q := t.queues[name]; q != nil {
+		delete(t.queues, name)
+		delete(t.subscribed, q)
+	}
+	return nil
+}
+
+// Deliver routes each message; a send to an unknown queue fails (wrapping
+// ErrNoQueue and transport.ErrUnroutable).
 func (t *Transport) Deliver(_ context.Context, msgs []*outbox.Message) []error {
 	return t.route(msgs, false)
 }
@@ -256,7 +283,7 @@ func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 			}
 		} else {
 			if _, ok := t.queues[name]; !ok {
-				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
+				errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name): %w", ErrNoQueue, name, transport.ErrUnroutable)
 				continue
 			}
 			targets = []string{name}

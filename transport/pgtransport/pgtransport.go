@@ -30,7 +30,10 @@ import (
 	"github.com/barewire-go/barewire/transport"
 )
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.ReplyQueues = (*Transport)(nil)
+)
 
 // Errors.
 var (
@@ -325,6 +328,42 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 		t.wg.Go(func() { t.watchLongTransactions(t.ctx) })
 	}
 	t.log.DebugContext(ctx, "postgres transport started", "queues", len(queues), "bindings", len(bx), "table", t.n.messages)
+	return nil
+}
+
+// DeclareReplyQueue declares queue name (a bus instance's reply queue) as
+// Start declares endpoint queues. The queue outlives a process that crashes
+// (its rows wait there); a process that stops deletes it (DeleteReplyQueue).
+func (t *Transport) DeclareReplyQueue(ctx context.Context, name string) error {
+	if t.isClosed() {
+		return fmt.Errorf("%w: %w", errClosed, outbox.ErrTransportUnavailable)
+	}
+	if _, err := t.sqlDB.ExecContext(ctx, t.n.expand(`INSERT INTO {queues} (name) VALUES ($1) ON CONFLICT DO NOTHING`), name); err != nil {
+		return fmt.Errorf("pgtransport: declare queue %q: %w", name, err)
+	}
+	t.mu.Lock()
+	t.known[name] = true
+	t.mu.Unlock()
+	return nil
+}
+
+// DeleteReplyQueue deletes queue name and the messages waiting in it.
+// Sends to it from now on write nothing: from a process that never saw the
+// queue they fail with ErrNoQueue, from one that did they reach no row.
+func (t *Transport) DeleteReplyQueue(ctx context.Context, name string) error {
+	err := t.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, t.n.expand(`DELETE FROM {queues} WHERE name = $1`), name); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, t.n.expand(`DELETE FROM {messages} WHERE queue = $1`), name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgtransport: delete queue %q: %w", name, err)
+	}
+	t.mu.Lock()
+	delete(t.known, name)
+	t.mu.Unlock()
 	return nil
 }
 
@@ -673,7 +712,7 @@ func (t *Transport) checkQueues(ctx context.Context, msgs []*outbox.Message, err
 		case kind == "queue" && !t.known[name] && lookupErr != nil:
 			errs[i] = lookupErr
 		case kind == "queue" && !t.known[name]:
-			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name)", ErrNoQueue, name)
+			errs[i] = fmt.Errorf("%w %q (declare an endpoint with that name): %w", ErrNoQueue, name, transport.ErrUnroutable)
 		default:
 			idx = append(idx, i)
 		}

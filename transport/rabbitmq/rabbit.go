@@ -22,7 +22,10 @@ import (
 	"github.com/barewire-go/barewire/transport"
 )
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.ReplyQueues = (*Transport)(nil)
+)
 
 // errClosed is returned by operations on a closed transport.
 var errClosed = errors.New("rabbitmq: transport is closed")
@@ -48,6 +51,7 @@ type Transport struct {
 	closed    bool
 	endpoints []*endpoint.Endpoint
 	byName    map[string]*endpoint.Endpoint
+	replies   []string               // reply queues, declared again after a reconnect
 	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
 	connects  atomic.Int64           // connections made: 1 + reconnects
 

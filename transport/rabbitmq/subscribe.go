@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -12,8 +13,57 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport"
 )
+
+// DeclareReplyQueue declares queue name, a bus instance's reply queue
+// (bus.Request), on the current connection: classic, transient and
+// exclusive to the connection, so the broker deletes it when the
+// connection ends and no other process can consume it. It is declared
+// again after every reconnect (responses sent while the connection was down
+// are lost: their requests time out). Responses reach it through the
+// default exchange from any connection; once it is gone, a response is
+// returned unroutable and the responder's relay drops it.
+func (t *Transport) DeclareReplyQueue(ctx context.Context, name string) error {
+	conn, err := t.waitConn(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: rabbitmq: declare reply queue %q: %w", outbox.ErrTransportUnavailable, name, err)
+	}
+	t.mu.Lock()
+	if !slices.Contains(t.replies, name) {
+		t.replies = append(t.replies, name)
+	}
+	t.mu.Unlock()
+	d := &declarer{t: t, conn: conn}
+	d.replyQueue(name)
+	d.close()
+	if len(d.errs) > 0 {
+		return d.errs[0]
+	}
+	return nil
+}
+
+// DeleteReplyQueue deletes reply queue name and stops declaring it. (It
+// would go with the connection anyway.)
+func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
+	t.mu.Lock()
+	t.replies = slices.DeleteFunc(t.replies, func(q string) bool { return q == name })
+	t.mu.Unlock()
+	conn, err := t.currentConn()
+	if err != nil {
+		return nil // gone with the connection
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: delete reply queue %q: open channel: %w", name, t.secret.scrubErr(err))
+	}
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		return fmt.Errorf("rabbitmq: delete reply queue %q: %w", name, t.secret.scrubErr(err))
+	}
+	return nil
+}
 
 // Subscriber returns a new message.Subscriber on this transport. Each
 // Subscribe call on it is one competing consumer of a queue (the topic is the

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -97,6 +98,17 @@ func (d *declarer) ensureExchange(name string) {
 func (d *declarer) queue(q endpoint.Queue) {
 	d.do(fmt.Sprintf("queue %q", q.Name), func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(q.Name, !q.Transient, q.AutoDelete, false, false, queueArgs(q))
+		return err
+	})
+}
+
+// replyQueue declares a bus instance's reply queue: classic, transient and
+// exclusive, so that it goes away with the connection and no other
+// connection can consume it. Not auto-delete: a consumer that resumes on a
+// new channel after its channel failed must find it still there.
+func (d *declarer) replyQueue(name string) {
+	d.do(fmt.Sprintf("reply queue %q", name), func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(name, false, false, true, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeClassic})
 		return err
 	})
 }
@@ -200,6 +212,12 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 	}
 	for _, q := range topo.Queues {
 		d.queue(q)
+	}
+	t.mu.Lock()
+	replies := slices.Clone(t.replies)
+	t.mu.Unlock()
+	for _, name := range replies {
+		d.replyQueue(name)
 	}
 	for _, ep := range eps {
 		for _, mt := range ep.MessageTypes() {

@@ -19,7 +19,9 @@
 // error queue receives dead letters intact; a transport that loses its
 // connection re-declares its topology and keeps delivering; and Close
 // with a delivery in flight returns, and loses nothing on a durable
-// transport.
+// transport. A transport that implements transport.ReplyQueues gets a
+// reply queue that receives sends, survives a reconnect, and after its
+// deletion makes a send fail as unroutable (or write nothing), never wait.
 //
 // Like package transport, this API may still change.
 package transporttest
@@ -98,6 +100,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("ErrorQueueReceivesDeadLetters", s.deadLetter)
 	t.Run("TopologyRedeclaredAfterReconnect", s.reconnect)
 	t.Run("CloseMidDelivery", s.closeMidDelivery)
+	t.Run("ReplyQueue", s.replyQueue)
 }
 
 type suite struct{ c Config }
@@ -590,4 +593,75 @@ func trim(s string) string {
 		return s[:40] + "…"
 	}
 	return s
+}
+
+func (s *suite) replyQueue(t *testing.T) {
+	f := newFixture(t, s, map[string][]string{"rq": {"Probe"}})
+	tr := f.start()
+	rq, ok := tr.(transport.ReplyQueues)
+	if !ok {
+		t.Skip("the transport does not implement transport.ReplyQueues")
+	}
+	name := f.name("reply")
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
+	defer cancel()
+	if err := rq.DeclareReplyQueue(ctx, name); err != nil {
+		t.Fatalf("DeclareReplyQueue: %v", err)
+	}
+	if err := rq.DeclareReplyQueue(ctx, name); err != nil {
+		t.Fatalf("DeclareReplyQueue again (must be idempotent): %v", err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	ch, err := f.sub.Subscribe(sctx, name)
+	if err != nil {
+		t.Fatalf("Subscribe(%q): %v", name, err)
+	}
+	first := f.msg("reply-1", wire.QueuePrefix+name)
+	first.Headers[wire.HeaderRequestID] = "req-1"
+	f.deliver(first)
+	m := f.next(ch, "a response in the reply queue")
+	if m.UUID != first.MessageID || m.Metadata.Get(wire.HeaderRequestID) != "req-1" {
+		t.Fatalf("reply queue got %q with request id %q", m.UUID, m.Metadata.Get(wire.HeaderRequestID))
+	}
+	m.Ack()
+	if s.c.Reconnect != nil {
+		s.c.Reconnect(t, tr)
+		again := f.msg("reply-2", wire.QueuePrefix+name)
+		deadline := time.Now().Add(s.c.Timeout)
+		for {
+			dctx, dcancel := context.WithTimeout(context.Background(), s.c.Timeout)
+			err := tr.Deliver(dctx, []*outbox.Message{again})[0]
+			dcancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Deliver to the reply queue after the reconnect: %v (not declared again?)", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for {
+			m := f.next(ch, "a response after the reconnect")
+			m.Ack()
+			if m.UUID == again.MessageID {
+				break
+			}
+			if m.UUID != first.MessageID {
+				// The first one's ack may have been in flight when the
+				// connection went: it may come again, nothing else may.
+				t.Fatalf("after the reconnect got %q, want %q", m.UUID, again.MessageID)
+			}
+		}
+	}
+	stop()
+	for range ch { // the subscription ends before the queue goes
+	}
+	if err := rq.DeleteReplyQueue(ctx, name); err != nil {
+		t.Fatalf("DeleteReplyQueue: %v", err)
+	}
+	late := f.msg("reply-late", wire.QueuePrefix+name)
+	if err := tr.Deliver(ctx, []*outbox.Message{late})[0]; err != nil && !errors.Is(err, transport.ErrUnroutable) {
+		t.Fatalf("Deliver to a deleted reply queue: %v, want nil (nothing written) or an error wrapping transport.ErrUnroutable", err)
+	}
 }
