@@ -22,6 +22,7 @@ import (
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/view"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/saga"
 )
 
 // Option configures Handler.
@@ -29,6 +30,7 @@ type Option func(*config)
 
 type config struct {
 	allowActions bool
+	sagas        []saga.Inspector
 }
 
 // AllowActions enables the handler's write actions (POST outbox/requeue and
@@ -77,6 +79,9 @@ func Handler(b *bus.Bus, opts ...Option) http.Handler {
 		{"GET", "/inbox", a.inboxList},
 		{"GET", "/outbox", a.outboxList},
 		{"GET", "/outbox/{id}", a.outboxShow},
+		{"GET", "/sagas", a.sagas},
+		{"GET", "/sagas/{machine}", a.sagaList},
+		{"GET", "/sagas/{machine}/{id...}", a.sagaShow},
 		{"POST", "/outbox/requeue", a.action(a.outboxRequeue)},
 		{"POST", "/inbox/release", a.action(a.inboxRelease)},
 	}
@@ -139,7 +144,7 @@ func (a *handler) stores(w http.ResponseWriter) (inbox.Store, outbox.Store, bool
 }
 
 func (a *handler) index(w http.ResponseWriter, r *http.Request) {
-	routes := []string{"GET /endpoints", "GET /stats", "GET /inbox", "GET /outbox", "GET /outbox/{id}"}
+	routes := []string{"GET /endpoints", "GET /stats", "GET /inbox", "GET /outbox", "GET /outbox/{id}", "GET /sagas", "GET /sagas/{name}", "GET /sagas/{name}/{correlationId}"}
 	actions := []string{"POST /outbox/requeue", "POST /inbox/release"}
 	writeJSON(w, http.StatusOK, map[string]any{"routes": routes, "actions": actions, "actionsEnabled": a.cfg.allowActions})
 }

@@ -14,6 +14,9 @@
 //	GET  /inbox       inbox entries, newest first; ?messageId= &consumerType= &processed=true|false &limit= &offset=
 //	GET  /outbox      outbox rows, oldest first; ?status=pending|parked|delivered &afterId= &limit=
 //	GET  /outbox/{id} one outbox row
+//	GET  /sagas       the machines given to Sagas, with their instance counts by state
+//	GET  /sagas/{name}       instances, least recently changed first; ?state= &limit=
+//	GET  /sagas/{name}/{id}  one instance by correlation id
 //
 // Actions, only with AllowActions (bodies are JSON, sent with
 // Content-Type: application/json, which a cross-site form cannot send):
@@ -21,7 +24,8 @@
 //	POST /outbox/requeue  {"ids":[1,2]} or {"allParked":true}: parked rows back to pending
 //	POST /inbox/release   {"messageId":"…","consumerType":"…"}: drop a stuck inbox lock
 //
-// Payloads are never shown (only their size). The handler does no
+// Payloads are never shown (only their size); saga instances are shown
+// with their data (see Sagas). The handler does no
 // authentication: put it behind the application's own. It reads the bus
 // through its public methods (Endpoints, Stats, InboxStore, OutboxStore);
 // the queries it runs are the stores' own (gormstore), including

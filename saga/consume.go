@@ -53,13 +53,16 @@ func (m *Machine[S]) handle(ctx context.Context, d *endpoint.Delivery, typ strin
 	if tx == nil {
 		return endpoint.Permanent(fmt.Errorf("saga %q: no transaction in the consumer's context; register the machine with saga.Register on a bus endpoint", m.name))
 	}
+	// One savepoint serves every attempt: ROLLBACK TO keeps it. It is not
+	// released after a successful attempt (the commit releases it), which
+	// saves a round trip per event.
+	if err := tx.SavePoint(savepoint).Error; err != nil {
+		return fmt.Errorf("saga %q: savepoint: %w", m.name, err)
+	}
 	for attempt := 0; ; attempt++ {
-		if err := tx.SavePoint(savepoint).Error; err != nil {
-			return fmt.Errorf("saga %q: savepoint: %w", m.name, err)
-		}
 		err := m.apply(ctx, tx, d, typ, msg, id)
 		if err == nil {
-			return tx.Exec("RELEASE SAVEPOINT " + savepoint).Error
+			return nil
 		}
 		if rerr := tx.RollbackTo(savepoint).Error; rerr != nil {
 			return errors.Join(err, fmt.Errorf("saga %q: rollback to savepoint: %w", m.name, rerr))

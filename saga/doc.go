@@ -30,6 +30,9 @@
 // ErrConcurrencyConflict and the endpoint's retry policy takes over.
 // Pessimistic locks the row with SELECT ... FOR UPDATE instead.
 //
+// Finalized instances are deleted at once, kept (KeepFinalized), or kept
+// for a period (RetainFinalized) after which RunCleanup deletes them.
+//
 // Not yet: Respond (request/response) and Schedule (timeouts) come with
 // the request/scheduling issue. See docs/sagas.md.
 package saga

@@ -100,6 +100,7 @@ type Option func(*config)
 type config struct {
 	pessimistic  bool
 	keep         bool
+	retention    time.Duration
 	unhandled    UnhandledPolicy
 	maxConflicts int
 	table        string
@@ -118,6 +119,24 @@ func Pessimistic() Option { return func(c *config) { c.pessimistic = true } }
 // policy rather than starting a new instance. Remove old ones with
 // Machine.DeleteFinalized.
 func KeepFinalized() Option { return func(c *config) { c.keep = true } }
+
+// MaxRetention is the longest RetainFinalized period.
+const MaxRetention = 10 * 365 * 24 * time.Hour
+
+// RetainFinalized keeps finalized instances in Final (as KeepFinalized
+// does) for period after their last change; Machine.RunCleanup then deletes
+// them. period must be within 1s-10 years. Until it passes, events for a
+// finalized instance meet the unhandled policy; after its row is deleted,
+// an event Initially handles starts a new instance with the same id.
+func RetainFinalized(period time.Duration) Option {
+	return func(c *config) {
+		if period < time.Second || period > MaxRetention {
+			c.errs = append(c.errs, fmt.Errorf("%w: RetainFinalized(%v): the period must be within 1s-%v", ErrInvalidMachine, period, MaxRetention))
+			return
+		}
+		c.keep, c.retention = true, period
+	}
+}
 
 // OnUnhandled sets the policy for events a state does not handle.
 // Defaults to FaultUnhandled.
@@ -241,6 +260,9 @@ func (m *Machine[S]) Name() string { return m.name }
 
 // Table is the table the instances are stored in.
 func (m *Machine[S]) Table() string { return m.cfg.table }
+
+// Retention is the RetainFinalized period; 0 if the option was not given.
+func (m *Machine[S]) Retention() time.Duration { return m.cfg.retention }
 
 // Model returns a new, empty *S.
 func (m *Machine[S]) Model() any { return new(S) }

@@ -535,7 +535,7 @@ func TestDefinitionErrors(t *testing.T) {
 		saga.NewEvent[Counter, Bumped](m, nil)
 		m.During("Nowhere", saga.When(ev))
 		m.Initially(saga.When(ev).TransitionTo("Undeclared"), saga.When(ev).TransitionTo(a).Then(nil))
-	}, saga.MaxConflictRetries(-1), saga.OnUnhandled(7))
+	}, saga.MaxConflictRetries(-1), saga.OnUnhandled(7), saga.RetainFinalized(time.Millisecond))
 	for _, want := range []string{
 		`state "A" is declared twice`,
 		`state "": a state name must have 1-100 characters`,
@@ -546,6 +546,7 @@ func TestDefinitionErrors(t *testing.T) {
 		`When(Started).Then: function is nil`,
 		`MaxConflictRetries(-1): must be within 0-100`,
 		`OnUnhandled(7)`,
+		`RetainFinalized(1ms): the period must be within 1s-`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)

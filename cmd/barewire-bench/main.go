@@ -13,7 +13,9 @@
 //
 // Scenarios: baseline, e2e, pg-transport (the e2e pipeline on the
 // PostgreSQL transport: no broker, no relay hop), watermill-forwarder,
-// idle-latency, embedded, inbox-overhead, backlog, sweep, soak, all (a
+// idle-latency, embedded, inbox-overhead, backlog, sweep, soak, saga
+// (saga transitions per second beside a plain consumer doing the same
+// writes, without and with contention), all (a
 // comma-separated list works too). Services come from -postgres and -amqp, defaulting to
 // BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL, then to local
 // defaults. Every table, queue and exchange a run creates has a unique name
@@ -61,11 +63,13 @@ type config struct {
 	rounds       int
 	inbox        endpoint.InboxMode
 	relayWorkers int
+	sagaEvents   int
+	sagaHot      int
 }
 
 var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog"}
 
-var knownScenarios = append(slices.Clone(allScenarios), "soak", "all")
+var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "all")
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
@@ -101,6 +105,8 @@ func parseFlags() (*config, error) {
 	flag.IntVar(&c.rounds, "rounds", 1, "e2e: alternate baseline and e2e runs (and pg-transport runs, when selected) this many times and report medians (steadier ratios on a noisy machine)")
 	flag.StringVar(&inboxMode, "inbox", "two-phase", "inbox mode of the BareWire endpoint in e2e, fixed-rate, sweep, idle-latency and soak: two-phase (the default), single or off")
 	flag.IntVar(&c.relayWorkers, "relay-workers", 0, "outbox.Options.RelayWorkers for the BareWire pipelines (0: the default)")
+	flag.IntVar(&c.sagaEvents, "saga-events", 10000, "saga: events per run without contention (half as many under contention)")
+	flag.IntVar(&c.sagaHot, "saga-hot", 4, "saga: instances that take all the events under contention")
 	flag.DurationVar(&c.drain, "drain", 60*time.Second, "after each phase, wait this long at most for the pipeline to drain")
 	flag.Parse()
 
@@ -153,6 +159,8 @@ func parseFlags() (*config, error) {
 		return nil, fmt.Errorf("-payload must not be negative")
 	case c.backlog < 1:
 		return nil, fmt.Errorf("-backlog must be at least 1")
+	case c.sagaEvents < 4 || c.sagaHot < 1:
+		return nil, fmt.Errorf("-saga-events must be at least 4 and -saga-hot at least 1")
 	}
 	return c, nil
 }

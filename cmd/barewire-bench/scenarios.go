@@ -96,6 +96,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.backlogScenario(ctx)
 	case "pg-transport":
 		return r.pgTransport(ctx)
+	case "saga":
+		return r.sagaScenario(ctx)
 	case "soak":
 		return r.soakRun(ctx)
 	}
@@ -774,6 +776,9 @@ func (r *runner) targets() []target {
 		}
 		if res.Scenario == "inbox-overhead" && res.RatioOf == "InboxOff" && res.Variant != "InboxOff" {
 			add("inbox throughput vs no inbox ("+res.Variant+")", ">= 0.6x", fmt.Sprintf("%.0f / %.0f msg/s = %.2fx", res.MsgsPerS, res.BaselineMsgsPerS, res.Ratio), res.Ratio, res.Ratio >= 0.6)
+		}
+		if res.Scenario == "saga" && res.Variant == "spread/saga optimistic" && res.BaselineMsgsPerS > 0 {
+			add("saga transitions vs plain consumer, no contention", ">= 0.7x", fmt.Sprintf("%.0f / %.0f events/s = %.2fx", res.MsgsPerS, res.BaselineMsgsPerS, res.Ratio), res.Ratio, res.Ratio >= 0.7)
 		}
 		if res.Scenario == "soak" && res.RSSMidMB > 0 {
 			v := res.RSSEndMB / res.RSSMidMB

@@ -39,6 +39,9 @@ Usage:
   barewire outbox ls [--status pending|parked|delivered] [--after-id ID] [--limit N]
   barewire outbox requeue (ID... | --all-parked)
   barewire outbox purge [--older-than 7d] [--batch N] [--dry-run] [--include-pending --yes]
+  barewire saga states --table TABLE
+  barewire saga ls --table TABLE [--state STATE] [--limit N]
+  barewire saga show --table TABLE CORRELATION-ID
 
 Flags every command takes:
   --dsn DSN      database: postgres://..., "host=... dbname=...", sqlite:PATH or PATH.db
@@ -51,6 +54,10 @@ purge deletes processed inbox entries / delivered outbox rows older than
 rows, showing progress on stderr. Unprocessed inbox entries and pending or
 parked outbox rows are kept unless --include-pending is given together
 with --yes.
+
+saga reads a saga machine's instance table (read-only): states counts the
+instances in each state, ls lists them least recently changed first (the
+ones stuck longest), show prints one with its data columns.
 `
 
 // usageError is a mistake on the command line (exit code 2).
@@ -104,6 +111,15 @@ func (c *cli) dispatch(args []string) error {
 		return c.migrate(rest)
 	case "stats":
 		return c.stats(rest)
+	case "saga":
+		if len(rest) == 0 {
+			return usagef("saga needs a subcommand: states, ls or show")
+		}
+		switch rest[0] {
+		case "states", "ls", "show":
+			return c.saga(rest[0], rest[1:])
+		}
+		return usagef("unknown command %q", "saga "+rest[0])
 	case "inbox", "outbox":
 		if len(rest) == 0 {
 			return usagef("%s needs a subcommand: %s", cmd, map[string]string{"inbox": "ls, show or purge", "outbox": "ls, requeue or purge"}[cmd])

@@ -8,6 +8,7 @@
 //	barewire stats                        outbox and inbox counts
 //	barewire inbox ls|show|purge          inbox entries
 //	barewire outbox ls|requeue|purge      outbox rows
+//	barewire saga states|ls|show          saga instances (read-only), by state or correlation id
 //
 // Every command takes --dsn (or BAREWIRE_DSN), --prefix (table prefix,
 // default "barewire_") and --json (machine-readable output on stdout).
