@@ -283,9 +283,12 @@ func (b *Bus) request(ctx context.Context, destination string, req any, opts []R
 	}
 	h[wire.HeaderResponseAddress] = wire.QueuePrefix + queue
 	delete(h, wire.HeaderRequestID)
-	m, err := b.envelope(destination, req, h)
+	m, scheduled, err := b.envelope(destination, req, h)
 	if err != nil {
 		return nil, err
+	}
+	if scheduled {
+		return nil, fmt.Errorf("%w: a request cannot be scheduled (Delay, DeliverAt): its caller waits for the answer", ErrInvalidMessage)
 	}
 	w := make(chan *message.Message, 1)
 	r := &b.replies
@@ -379,9 +382,12 @@ func (b *Bus) respond(ctx context.Context, address string, msg any, headers Head
 		}
 		return err
 	}
-	m, err := b.envelope(address, msg, headers)
+	m, scheduled, err := b.envelope(address, msg, headers)
 	if err != nil {
 		return err
+	}
+	if scheduled {
+		return fmt.Errorf("%w: a response cannot be scheduled (Delay, DeliverAt): its requester waits for it", ErrInvalidMessage)
 	}
 	if st := stateFrom(ctx); st != nil {
 		st.published.Store(true)
