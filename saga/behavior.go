@@ -74,6 +74,8 @@ type Context[S, M any] struct {
 	Tx *gorm.DB
 	// From is the state the instance was in when the event arrived.
 	From StateName
+
+	tr *transition[S]
 }
 
 // State returns the instance's saga state (its id, current state, version).
@@ -209,7 +211,7 @@ func (b *EventBehavior[S, M]) bind(m *Machine[S]) (*bound[S], error) {
 		return nil, b.errs[0]
 	}
 	typed := func(c *Context[S, any]) *Context[S, M] {
-		return &Context[S, M]{Delivery: c.Delivery, Message: c.Message.(M), Instance: c.Instance, Tx: c.Tx, From: c.From}
+		return &Context[S, M]{Delivery: c.Delivery, Message: c.Message.(M), Instance: c.Instance, Tx: c.Tx, From: c.From, tr: c.tr}
 	}
 	return &bound[S]{
 		typ:    b.ev.typ,
