@@ -398,3 +398,112 @@ func TestSagaRespond(t *testing.T) {
 		}
 	})
 }
+
+// TestScheduleDefinitionErrors: mistakes in schedules are definition
+// errors from saga.New, reported together.
+func TestScheduleDefinitionErrors(t *testing.T) {
+	_, err := saga.New("bad", func(m *saga.Machine[Payment]) {
+		a := m.State("A")
+		ev := saga.NewEvent(m, func(e PaymentTimeout) string { return e.ID })
+		other := saga.NewEvent(m, func(e PaymentDone) string { return e.ID })
+		started := saga.NewEvent(m, func(e PaymentRequested) string { return e.ID })
+		tok := func(p *Payment) *string { return &p.TimeoutToken }
+		s := saga.NewSchedule(m, ev, tok, time.Minute)
+		saga.NewSchedule(m, ev, tok, time.Minute)
+		saga.NewSchedule[Payment, PaymentTimeout](m, nil, tok, time.Minute)
+		saga.NewSchedule(m, other, nil, time.Minute)
+		saga.NewSchedule(m, other, tok, 0)
+		saga.NewSchedule(m, other, func(*Payment) *string { return nil }, time.Minute)
+		m.Initially(
+			saga.When(started).Schedule(s, nil).TransitionTo(a),
+			saga.When(started).Schedule(nil, func(*saga.Context[Payment, PaymentRequested]) any { return nil }),
+			saga.When(started).Unschedule(nil),
+			saga.When(started).Respond(nil),
+		)
+	})
+	for _, want := range []string{
+		`NewSchedule(PaymentTimeout): the event is already a schedule`,
+		`NewSchedule: the event is nil`,
+		`NewSchedule(PaymentDone): the token function is nil`,
+		`NewSchedule(PaymentDone): delay 0s must be within 1ms-`,
+		`NewSchedule(PaymentDone): the token function returned nil`,
+		`When(PaymentRequested).Schedule: the schedule and the message function are required`,
+		`When(PaymentRequested).Unschedule: the schedule is nil`,
+		`When(PaymentRequested).Respond: function is nil`,
+	} {
+		if !errors.Is(err, saga.ErrInvalidMachine) || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+}
+
+type wrongTimeout struct{ ID string }
+
+// TestScheduleWrongMessageType: a Schedule step whose function returns
+// another type than the schedule's event fails the event permanently (it is
+// dead-lettered with the reason), and neighbours keep flowing.
+func TestScheduleWrongMessageType(t *testing.T) {
+	s := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	queue := "wrongtype-" + s
+	faults := make(chan string, 4)
+	m, err := saga.New("wrongtype", func(m *saga.Machine[Payment]) {
+		a := m.State("A")
+		ev := saga.NewEvent(m, func(e PaymentTimeout) string { return e.ID })
+		started := saga.NewEvent(m, func(e PaymentRequested) string { return e.ID })
+		done := saga.NewEvent(m, func(e PaymentDone) string { return e.ID })
+		sch := saga.NewSchedule(m, ev, func(p *Payment) *string { return &p.TimeoutToken }, time.Minute)
+		m.Initially(
+			saga.When(started).Schedule(sch, func(c *saga.Context[Payment, PaymentRequested]) any { return wrongTimeout{ID: c.Message.ID} }).TransitionTo(a),
+			saga.When(done).TransitionTo(a),
+		)
+	}, saga.WithTable("saga_wrongtype_"+s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bus.New(quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint(queue, func(e *endpoint.Endpoint) { saga.Register(e, m) })
+		c.ReceiveEndpoint(queue+"_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				select {
+				case faults <- d.Headers["BW-Fault-Reason"]:
+				default:
+				}
+				return nil
+			})
+		})
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Stop(ctx) }()
+	if err := saga.Migrate(ctx, b.DB(), m); err != nil {
+		t.Fatal(err)
+	}
+	send(t, b, queue, PaymentRequested{ID: "w1"})
+	select {
+	case reason := <-faults:
+		if !strings.Contains(reason, "returned saga_test.wrongTimeout, not the schedule's event type") {
+			t.Errorf("fault reason %q", reason)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the event was not dead-lettered within 30s")
+	}
+	send(t, b, queue, PaymentDone{ID: "w2"})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if p, err := m.Get(ctx, b.DB(), "w2"); err == nil && p.CurrentState == "A" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the next event was not applied within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := m.Get(ctx, b.DB(), "w1"); !errors.Is(err, saga.ErrNotFound) {
+		t.Errorf("w1: %v; want no instance", err)
+	}
+}
