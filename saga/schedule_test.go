@@ -1,11 +1,16 @@
 package saga_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,7 +55,7 @@ type payWorld struct {
 	prefix  string
 	path    string   // SQLite file ("" on PostgreSQL)
 	db      *gorm.DB // PostgreSQL
-	fired   atomic.Int64
+	fired   *atomic.Int64
 	states  map[string]saga.StateName
 	timeout *saga.Schedule[Payment, PaymentTimeout]
 }
@@ -58,7 +63,7 @@ type payWorld struct {
 func newPayWorld(t *testing.T, backend string, delay time.Duration) *payWorld {
 	t.Helper()
 	s := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	w := &payWorld{delay: delay, queue: "payments-" + s, table: "saga_payment_" + s, prefix: "sagapay_" + s + "_", states: map[string]saga.StateName{}}
+	w := &payWorld{delay: delay, fired: new(atomic.Int64), queue: "payments-" + s, table: "saga_payment_" + s, prefix: "sagapay_" + s + "_", states: map[string]saga.StateName{}}
 	switch backend {
 	case "sqlite":
 		w.path = filepath.Join(t.TempDir(), "bus.db")
@@ -77,6 +82,14 @@ func newPayWorld(t *testing.T, backend string, delay time.Duration) *payWorld {
 			}
 		})
 	}
+	if err := w.build(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// build defines w's machine.
+func (w *payWorld) build() error {
 	m, err := saga.New("payment", func(m *saga.Machine[Payment]) {
 		awaiting, paid, timedOut, extended := m.State("Awaiting"), m.State("Paid"), m.State("TimedOut"), m.State("Extended")
 		w.states["Awaiting"], w.states["Paid"], w.states["TimedOut"], w.states["Extended"] = awaiting, paid, timedOut, extended
@@ -86,7 +99,7 @@ func newPayWorld(t *testing.T, backend string, delay time.Duration) *payWorld {
 		extend := saga.NewEvent(m, func(e PaymentExtended) string { return e.ID })
 		broken := saga.NewEvent(m, func(e PaymentBroken) string { return e.ID })
 		query := saga.NewEvent(m, func(e PaymentQuery) string { return e.ID })
-		w.timeout = saga.NewSchedule(m, timeoutEv, func(p *Payment) *string { return &p.TimeoutToken }, delay)
+		w.timeout = saga.NewSchedule(m, timeoutEv, func(p *Payment) *string { return &p.TimeoutToken }, w.delay)
 		status := func(c *saga.Context[Payment, PaymentQuery]) any {
 			return PaymentStatus{ID: c.Message.ID, State: c.State().CurrentState}
 		}
@@ -118,23 +131,15 @@ func newPayWorld(t *testing.T, backend string, delay time.Duration) *payWorld {
 		m.DuringAny(saga.When(query).Respond(status))
 	}, saga.WithTable(w.table), saga.OnUnhandled(saga.IgnoreUnhandled))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	w.m = m
-	return w
+	return nil
 }
 
 func (w *payWorld) start(t *testing.T) *bus.Bus {
 	t.Helper()
-	opts := []bus.Option{quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) {
-		c.ReceiveEndpoint(w.queue, func(e *endpoint.Endpoint) { saga.Register(e, w.m) })
-	}))}
-	if w.path != "" {
-		opts = append(opts, bus.WithSQLite(w.path))
-	} else {
-		opts = append(opts, bus.WithDatabase(w.db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = w.prefix }))
-	}
-	b, err := bus.New(opts...)
+	b, err := w.newBus()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,6 +156,18 @@ func (w *payWorld) start(t *testing.T) *bus.Bus {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func (w *payWorld) newBus() (*bus.Bus, error) {
+	opts := []bus.Option{quiet(), bus.WithTransport(inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint(w.queue, func(e *endpoint.Endpoint) { saga.Register(e, w.m) })
+	}))}
+	if w.path != "" {
+		opts = append(opts, bus.WithSQLite(w.path))
+	} else {
+		opts = append(opts, bus.WithDatabase(w.db), bus.WithOutbox(func(o *outbox.Options) { o.TablePrefix = w.prefix }))
+	}
+	return bus.New(opts...)
 }
 
 // waitState waits until instance id is in state.
@@ -506,4 +523,107 @@ func TestScheduleWrongMessageType(t *testing.T) {
 	if _, err := m.Get(ctx, b.DB(), "w1"); !errors.Is(err, saga.ErrNotFound) {
 		t.Errorf("w1: %v; want no instance", err)
 	}
+}
+
+// TestTimeoutAfterSIGKILL: a child process (this test binary, re-run)
+// starts the saga, which schedules its timeout, and is killed with SIGKILL
+// before the timeout is due; a bus started afterwards on the same database
+// delivers the timeout once and the saga moves.
+func TestTimeoutAfterSIGKILL(t *testing.T) {
+	backends(t, func(t *testing.T, backend string) {
+		// Far enough ahead for a child built with -race to start on a busy
+		// machine; the test skips if it still was not.
+		w := newPayWorld(t, backend, 6*time.Second)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "BW_SAGA_CHILD=1", "BW_SAGA_QUEUE="+w.queue, "BW_SAGA_TABLE="+w.table,
+			"BW_SAGA_PREFIX="+w.prefix, "BW_SAGA_PATH="+w.path, "BW_SAGA_DELAY="+w.delay.String())
+		if w.db != nil {
+			cmd.Env = append(cmd.Env, "BW_SAGA_DSN="+testenv.PostgresDSN(t))
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		began := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "scheduled\n" {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("child said %q, %v", line, err)
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		if time.Since(began) > w.delay-500*time.Millisecond {
+			t.Skipf("the child took %v to schedule; the machine is too slow for this test", time.Since(began))
+		}
+		b := w.start(t)
+		if p, err := w.m.Get(context.Background(), b.DB(), "k1"); err != nil || p.CurrentState != "Awaiting" || p.TimeoutToken == "" {
+			t.Fatalf("after the kill: %+v, %v; want Awaiting with a token", p, err)
+		}
+		p := w.waitState(t, b, "k1", w.states["TimedOut"])
+		if time.Since(began) < w.delay {
+			t.Errorf("the timeout arrived %v after the child started; the delay is %v", time.Since(began), w.delay)
+		}
+		if p.Timeouts != 1 || w.fired.Load() != 1 || p.TimeoutToken != "" {
+			t.Errorf("Timeouts=%d fired=%d token=%q; want 1, 1, empty", p.Timeouts, w.fired.Load(), p.TimeoutToken)
+		}
+		if rows := scheduled(t, b); len(rows) != 0 {
+			t.Errorf("%d rows still scheduled", len(rows))
+		}
+	})
+}
+
+// sagaChild is the child of TestTimeoutAfterSIGKILL: it starts instance
+// k1, which schedules its timeout, says "scheduled" and waits to be killed.
+func sagaChild() {
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, "saga child:", err)
+		os.Exit(2)
+	}
+	delay, err := time.ParseDuration(os.Getenv("BW_SAGA_DELAY"))
+	if err != nil {
+		fail(err)
+	}
+	w := &payWorld{delay: delay, fired: new(atomic.Int64), queue: os.Getenv("BW_SAGA_QUEUE"), table: os.Getenv("BW_SAGA_TABLE"),
+		prefix: os.Getenv("BW_SAGA_PREFIX"), path: os.Getenv("BW_SAGA_PATH"), states: map[string]saga.StateName{}}
+	if dsn := os.Getenv("BW_SAGA_DSN"); dsn != "" {
+		if w.db, err = postgresdb.Open(dsn); err != nil {
+			fail(err)
+		}
+	}
+	if err := w.build(); err != nil {
+		fail(err)
+	}
+	b, err := w.newBus()
+	if err != nil {
+		fail(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		fail(err)
+	}
+	if err := saga.Migrate(ctx, b.DB(), w.m); err != nil {
+		fail(err)
+	}
+	if err := b.Send(ctx, w.queue, PaymentRequested{ID: "k1"}, nil); err != nil {
+		fail(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if p, err := w.m.Get(ctx, b.DB(), "k1"); err == nil && p.CurrentState == "Awaiting" {
+			break
+		}
+		if time.Now().After(deadline) {
+			fail(fmt.Errorf("instance k1 not in Awaiting within 60s"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fmt.Println("scheduled")
+	select {} // until SIGKILL
 }
