@@ -160,3 +160,13 @@ func (b *Bus) cancelScheduled(ctx context.Context, tx *gorm.DB, messageID string
 	}
 	return n > 0, nil
 }
+
+// CancelScheduled cancels a scheduled message from inside a consumer
+// (endpoint.Delivery.CancelScheduled): in the consumer's transaction, so
+// the cancel commits or rolls back with the consumer's work.
+func (p consumerPublisher) CancelScheduled(ctx context.Context, messageID string) (bool, error) {
+	if tx, ok := gormstore.TxFromContext(ctx); ok {
+		return p.b.CancelScheduledTx(ctx, tx, messageID)
+	}
+	return p.b.CancelScheduled(ctx, messageID)
+}

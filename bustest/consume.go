@@ -88,6 +88,15 @@ func (p publisher) Send(ctx context.Context, dest string, msg any, h endpoint.He
 	return p.b.Send(ctx, dest, msg, h)
 }
 
+// CancelScheduled lets a consumer under Consume cancel a scheduled message
+// (endpoint.Delivery.CancelScheduled) in its transaction, as on the bus.
+func (p publisher) CancelScheduled(ctx context.Context, messageID string) (bool, error) {
+	if tx, ok := gormstore.TxFromContext(ctx); ok {
+		return p.b.CancelScheduledTx(ctx, tx, messageID)
+	}
+	return p.b.CancelScheduled(ctx, messageID)
+}
+
 // callSafely turns a consumer's panic into an error, as the bus does.
 func callSafely(fn func() error) (err error) {
 	defer func() {

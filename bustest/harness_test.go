@@ -397,3 +397,36 @@ func TestScheduledPublishFollowsTheFakeClock(t *testing.T) {
 		t.Fatalf("the scheduled message took %v of real time after the clock passed its time", d)
 	}
 }
+
+// TestConsumeCancelsScheduled: a consumer under Consume cancels a
+// scheduled message through its Delivery, in its transaction: a consumer
+// that fails leaves the message scheduled, one that commits deletes it.
+func TestConsumeCancelsScheduled(t *testing.T) {
+	t.Parallel()
+	h := bustest.New(t)
+	ctx := context.Background()
+	if err := h.Bus.Send(ctx, "nowhere", OrderPlaced{ID: "later"}, bus.Delay(time.Hour, bus.Headers{bus.HeaderMessageID: "timeout-1"})); err != nil {
+		t.Fatal(err)
+	}
+	cancel := func(fail bool) endpoint.HandleFunc[OrderPlaced] {
+		return func(ctx context.Context, c *endpoint.Context[OrderPlaced]) error {
+			ok, err := c.CancelScheduled(ctx, "timeout-1")
+			if err != nil || !ok {
+				return fmt.Errorf("CancelScheduled = %v, %v", ok, err)
+			}
+			if fail {
+				return errors.New("fails after cancelling")
+			}
+			return nil
+		}
+	}
+	if res := bustest.Consume(h, cancel(true), OrderPlaced{ID: "1"}, nil); res.Err == nil || !strings.Contains(res.Err.Error(), "fails after cancelling") {
+		t.Fatalf("failing consumer: %v", res.Err)
+	}
+	if res := bustest.Consume(h, cancel(false), OrderPlaced{ID: "2"}, nil); res.Err != nil {
+		t.Fatalf("committing consumer: %v (the failed one's cancel must have rolled back)", res.Err)
+	}
+	if ok, err := h.Bus.CancelScheduled(ctx, "timeout-1"); err != nil || ok {
+		t.Fatalf("CancelScheduled after the committed cancel = %v, %v; want false, nil", ok, err)
+	}
+}

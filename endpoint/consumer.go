@@ -116,6 +116,26 @@ func (d *Delivery) Respond(ctx context.Context, msg any) error {
 	return d.publisher.Send(ctx, addr, msg, h)
 }
 
+// canceller is implemented by publishers that cancel scheduled messages
+// (the bus's).
+type canceller interface {
+	CancelScheduled(ctx context.Context, messageID string) (bool, error)
+}
+
+// CancelScheduled cancels the message with messageID (one published or sent
+// with bus.Delay or bus.DeliverAt) if it has not left the outbox yet, in the
+// consumer's transaction: the cancel takes effect only if the consumer's
+// work commits; if it rolls back, the message stays scheduled. It reports
+// whether a waiting message was deleted (see bus.Bus.CancelScheduled). Pass
+// the ctx the consumer received: it carries the transaction.
+func (d *Delivery) CancelScheduled(ctx context.Context, messageID string) (bool, error) {
+	c, ok := d.publisher.(canceller)
+	if !ok {
+		return false, fmt.Errorf("endpoint: this delivery cannot cancel scheduled messages (not created by a bus)")
+	}
+	return c.CancelScheduled(ctx, messageID)
+}
+
 // correlationDropper is implemented by publishers that want to know when an
 // incoming correlation id is not inherited (the bus logs it at debug level).
 type correlationDropper interface {

@@ -74,6 +74,8 @@ type Context[S, M any] struct {
 	Tx *gorm.DB
 	// From is the state the instance was in when the event arrived.
 	From StateName
+
+	tr *transition[S]
 }
 
 // State returns the instance's saga state (its id, current state, version).
@@ -172,25 +174,6 @@ func (b *EventBehavior[S, M]) Send(destination string, msg func(c *Context[S, M]
 	return b
 }
 
-// Respond answers the event, when it was sent as a request (bus.Request),
-// with the message msg returns (nil: nothing), through the outbox like
-// Publish: the answer leaves only if the transition commits. For an event
-// that is not a request the step fails with endpoint.ErrNotARequest.
-func (b *EventBehavior[S, M]) Respond(msg func(c *Context[S, M]) any) *EventBehavior[S, M] {
-	if msg == nil {
-		b.errs = append(b.errs, fmt.Errorf("When(%s).Respond: function is nil", b.name()))
-		return b
-	}
-	b.steps = append(b.steps, func(ctx context.Context, c *Context[S, M]) error {
-		v := msg(c)
-		if v == nil {
-			return nil
-		}
-		return c.Delivery.Respond(ctx, v)
-	})
-	return b
-}
-
 // TransitionTo moves the instance to state; later steps see the new state.
 func (b *EventBehavior[S, M]) TransitionTo(state StateName) *EventBehavior[S, M] {
 	b.steps = append(b.steps, func(ctx context.Context, c *Context[S, M]) error {
@@ -228,7 +211,7 @@ func (b *EventBehavior[S, M]) bind(m *Machine[S]) (*bound[S], error) {
 		return nil, b.errs[0]
 	}
 	typed := func(c *Context[S, any]) *Context[S, M] {
-		return &Context[S, M]{Delivery: c.Delivery, Message: c.Message.(M), Instance: c.Instance, Tx: c.Tx, From: c.From}
+		return &Context[S, M]{Delivery: c.Delivery, Message: c.Message.(M), Instance: c.Instance, Tx: c.Tx, From: c.From, tr: c.tr}
 	}
 	return &bound[S]{
 		typ:    b.ev.typ,

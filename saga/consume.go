@@ -94,7 +94,13 @@ func (m *Machine[S]) apply(ctx context.Context, tx *gorm.DB, d *endpoint.Deliver
 	}
 	from := StateName(st.CurrentState)
 	version, created := st.Version, st.CreatedAt
-	c := &Context[S, any]{Delivery: d, Message: msg, Instance: inst, Tx: tx, From: from}
+	c := &Context[S, any]{Delivery: d, Message: msg, Instance: inst, Tx: tx, From: from,
+		tr: &transition[S]{scheduled: map[*timeoutDef[S]]bool{}}}
+	if m.isStaleTimeout(typ, d, inst, exists) {
+		// A timeout the instance no longer waits for: cancelled or
+		// replaced after the relay took it, or its instance is gone.
+		return nil
+	}
 
 	b := m.pick(from, typ, c)
 	if b == nil {
@@ -116,6 +122,11 @@ func (m *Machine[S]) apply(ctx context.Context, tx *gorm.DB, d *endpoint.Deliver
 		// A step set CurrentState itself: saving it would strand the
 		// instance in a state no behavior handles.
 		return endpoint.Permanent(fmt.Errorf("saga %q: %s moved instance %q from %q to %q, which is undeclared or Initial; move instances only with TransitionTo or Finalize", m.name, typ, id, from, to))
+	}
+	if to != from && len(m.timeouts) > 0 {
+		if err := m.cancelLeftBehind(ctx, c); err != nil {
+			return err
+		}
 	}
 	if to == Final && from != Final {
 		for _, fn := range m.final {

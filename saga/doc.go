@@ -37,7 +37,15 @@
 // (JSON[T]). Operators list instances with List, CountByState and Get, the
 // admin API (admin.Sagas) or the barewire command (barewire saga).
 //
-// Not yet: Respond (request/response) and Schedule (timeouts) come with
-// the request/scheduling issue, and there is no hold policy for unhandled
-// events. See docs/sagas.md.
+// Timeouts: NewSchedule declares an event as a timeout kept in a token
+// field of the instance; a behavior's Schedule sends it back to the
+// machine's endpoint with bus.Delay through the outbox in the transition's
+// transaction, Unschedule cancels it, and a transition that moves the
+// instance to another state cancels the timeouts it did not schedule. A
+// timeout whose message id is not the token is ignored on arrival.
+//
+// Respond answers a request (bus.Request) from a transition, through the
+// outbox. See docs/sagas.md.
+//
+// Not yet: a hold policy for unhandled events.
 package saga

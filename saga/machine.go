@@ -185,7 +185,9 @@ type Machine[S any] struct {
 	during map[StateName][]*bound[S]
 	any    []*bound[S]
 	final  []func(ctx context.Context, c *Context[S, any]) error
-	errs   []error
+	// timeouts are the schedules, by their event's message type.
+	timeouts map[string]*timeoutDef[S]
+	errs     []error
 }
 
 // Definition is what Migrate and tooling need of a machine, whatever its
@@ -209,6 +211,8 @@ func New[S any](name string, define func(m *Machine[S]), opts ...Option) (*Machi
 		states: map[StateName]bool{Initial: true, Final: true},
 		events: map[string]eventBinding[S]{},
 		during: map[StateName][]*bound[S]{},
+
+		timeouts: map[string]*timeoutDef[S]{},
 	}
 	if name == "" || len(name) > 200 {
 		m.fail("machine name %q: must have 1-200 characters", name)

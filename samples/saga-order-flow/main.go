@@ -1,10 +1,12 @@
 // Command saga-order-flow runs BareWire's SagaOrderFlow as a saga: an
-// order is submitted, the saga publishes PaymentRequested and waits in
-// AwaitingPayment; a payment service answers PaymentCompleted (the saga
-// publishes OrderDispatched and moves to Shipped) or PaymentFailed (it
-// publishes OrderCompensated and moves to Compensated). Every transition
-// writes a history row in the same transaction as the instance, the inbox
-// mark and the outgoing messages.
+// order is submitted (a request: the saga answers OrderAccepted), the saga
+// publishes PaymentRequested, schedules a PaymentTimeout back to itself and
+// waits in AwaitingPayment; a payment service answers PaymentCompleted (the
+// saga publishes OrderDispatched and moves to Shipped) or PaymentFailed, or
+// does not answer and the timeout arrives (either way the saga publishes
+// OrderCompensated and moves to Compensated). Every transition writes a
+// history row in the same transaction as the instance, the inbox mark, the
+// outgoing messages and the scheduled timeout (or its cancellation).
 //
 //	go run ./samples/saga-order-flow -demo     # scripted run, prints and exits
 //	go run ./samples/saga-order-flow           # HTTP API on :8080
@@ -17,6 +19,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log"
 	"net/http"
@@ -31,7 +34,8 @@ import (
 	"github.com/barewire-go/barewire/samples/internal/sample"
 )
 
-// Messages. The payment service declines amounts above 1000.
+// Messages. The payment service pays amounts up to 1000, declines those up
+// to 5000 and never answers above (a provider that hangs).
 type (
 	OrderSubmitted struct {
 		OrderID string  `json:"orderId"`
@@ -55,6 +59,15 @@ type (
 		OrderID string `json:"orderId"`
 		Reason  string `json:"reason"`
 	}
+	// PaymentTimeout is the saga's timeout, scheduled back to itself.
+	PaymentTimeout struct {
+		OrderID string `json:"orderId"`
+	}
+	// OrderAccepted answers an OrderSubmitted sent as a request.
+	OrderAccepted struct {
+		OrderID string `json:"orderId"`
+		State   string `json:"state"`
+	}
 )
 
 // snippet:start model
@@ -63,6 +76,9 @@ type Order struct {
 	saga.State
 	Amount        float64 `json:"amount"`
 	FailureReason string  `json:"failureReason,omitempty"`
+	// PaymentTimeoutToken is the id of the pending PaymentTimeout
+	// (empty when none is pending).
+	PaymentTimeoutToken string `json:"paymentTimeoutToken,omitempty" gorm:"size:64"`
 }
 
 // snippet:end model
@@ -80,7 +96,7 @@ type History struct {
 func (History) TableName() string { return "order_flow_history" }
 
 // snippet:start machine
-func newMachine() (*saga.Machine[Order], error) {
+func newMachine(paymentTimeout time.Duration) (*saga.Machine[Order], error) {
 	return saga.New("order-flow", func(m *saga.Machine[Order]) {
 		awaiting := m.State("AwaitingPayment")
 		shipped := m.State("Shipped")
@@ -89,7 +105,13 @@ func newMachine() (*saga.Machine[Order], error) {
 		submitted := saga.NewEvent(m, func(e OrderSubmitted) string { return e.OrderID })
 		paid := saga.NewEvent(m, func(e PaymentCompleted) string { return e.OrderID })
 		failed := saga.NewEvent(m, func(e PaymentFailed) string { return e.OrderID })
+		timedOut := saga.NewEvent(m, func(e PaymentTimeout) string { return e.OrderID })
+		// The timeout: its pending message's id is kept in the instance.
+		timeout := saga.NewSchedule(m, timedOut, func(o *Order) *string { return &o.PaymentTimeoutToken }, paymentTimeout)
 
+		accepted := func(c *saga.Context[Order, OrderSubmitted]) any {
+			return OrderAccepted{OrderID: c.Message.OrderID, State: c.State().CurrentState}
+		}
 		m.Initially(
 			saga.When(submitted).
 				Then(func(ctx context.Context, c *saga.Context[Order, OrderSubmitted]) error {
@@ -99,9 +121,15 @@ func newMachine() (*saga.Machine[Order], error) {
 				Publish(func(c *saga.Context[Order, OrderSubmitted]) any {
 					return PaymentRequested{OrderID: c.Message.OrderID, Amount: c.Message.Amount}
 				}).
+				Schedule(timeout, func(c *saga.Context[Order, OrderSubmitted]) any {
+					return PaymentTimeout{OrderID: c.Message.OrderID}
+				}).
 				TransitionTo(awaiting).
-				Then(record[OrderSubmitted]),
+				Then(record[OrderSubmitted]).
+				Respond(accepted),
 		)
+		// Leaving AwaitingPayment cancels the pending timeout, in the
+		// transition's transaction; one that arrives anyway is ignored.
 		m.During(awaiting,
 			saga.When(paid).
 				Publish(func(c *saga.Context[Order, PaymentCompleted]) any {
@@ -119,11 +147,21 @@ func newMachine() (*saga.Machine[Order], error) {
 				}).
 				TransitionTo(compensated).
 				Then(record[PaymentFailed]),
+			saga.When(timedOut).
+				Then(func(ctx context.Context, c *saga.Context[Order, PaymentTimeout]) error {
+					c.Instance.FailureReason = fmt.Sprintf("no payment within %v", paymentTimeout)
+					return nil
+				}).
+				Publish(func(c *saga.Context[Order, PaymentTimeout]) any {
+					return OrderCompensated{OrderID: c.Message.OrderID, Reason: c.Instance.FailureReason}
+				}).
+				TransitionTo(compensated).
+				Then(record[PaymentTimeout]),
 		)
-		// A repeated submission of an order already under way is accepted
-		// and changes nothing; any other stray event is dead-lettered
-		// (the default policy) with the state it met.
-		m.DuringAny(saga.Ignore(submitted))
+		// A repeated submission of an order already under way changes
+		// nothing but is answered with the order's state; any other stray
+		// event is dead-lettered (the default policy) with the state it met.
+		m.DuringAny(saga.When(submitted).Respond(accepted))
 	})
 }
 
@@ -138,12 +176,14 @@ func record[M any](ctx context.Context, c *saga.Context[Order, M]) error {
 
 // snippet:end machine
 
+const sagaEndpoint = "order-flow-saga"
+
 // declare is the endpoint declaration; the same function runs on every
 // transport.
 func declare(m *saga.Machine[Order]) func(c *endpoint.Endpoints) {
 	return func(c *endpoint.Endpoints) {
 		// snippet:start register
-		c.ReceiveEndpoint("order-flow-saga", func(e *endpoint.Endpoint) {
+		c.ReceiveEndpoint(sagaEndpoint, func(e *endpoint.Endpoint) {
 			saga.Register(e, m)
 		})
 		// snippet:end register
@@ -158,17 +198,25 @@ func declare(m *saga.Machine[Order]) func(c *endpoint.Endpoints) {
 	}
 }
 
-// pay is the payment service: it declines amounts above 1000.
+// pay is the payment service: it pays amounts up to 1000, declines those
+// up to 5000 and does not answer above (the saga's timeout handles it).
 func pay(ctx context.Context, c *endpoint.Context[PaymentRequested]) error {
-	if c.Message.Amount > 1000 {
+	switch {
+	case c.Message.Amount > 5000:
+		return nil
+	case c.Message.Amount > 1000:
 		return c.Publish(ctx, PaymentFailed{OrderID: c.Message.OrderID, Reason: "amount above the 1000 limit"}, nil)
 	}
 	return c.Publish(ctx, PaymentCompleted{OrderID: c.Message.OrderID}, nil)
 }
 
 func main() {
+	timeout := flag.Duration("payment-timeout", 30*time.Second, "how long an order waits for its payment before it is compensated (-demo: 2s unless given)")
 	f := sample.ParseFlags("127.0.0.1:8080")
-	m, err := newMachine()
+	if f.Demo && !flagGiven("payment-timeout") {
+		*timeout = 2 * time.Second
+	}
+	m, err := newMachine(*timeout)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -182,7 +230,7 @@ func main() {
 	}
 	a := &app{b: b, m: m}
 	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
+		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f, *timeout) }); err != nil {
 			log.Fatal(err)
 		}
 		return
@@ -197,6 +245,12 @@ func main() {
 	if err := sample.Serve(b, mux, f.Listen, a.migrate); err != nil {
 		log.Fatal(err)
 	}
+}
+
+func flagGiven(name string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 type app struct {
@@ -226,11 +280,18 @@ func (a *app) submit(w http.ResponseWriter, r *http.Request) {
 		sample.WriteError(w, http.StatusBadRequest, fmt.Errorf("amount %v: must be positive", o.Amount))
 		return
 	}
-	if err := a.b.Publish(r.Context(), o, bus.Headers{bus.HeaderMessageID: "submit-" + o.OrderID}); err != nil {
+	acc, err := a.submitOrder(r.Context(), o)
+	if err != nil {
 		sample.WriteError(w, http.StatusServiceUnavailable, err)
 		return
 	}
-	sample.WriteJSON(w, http.StatusAccepted, map[string]any{"orderId": o.OrderID, "amount": o.Amount, "status": "GET /orders/" + o.OrderID})
+	sample.WriteJSON(w, http.StatusAccepted, map[string]any{"orderId": acc.OrderID, "amount": o.Amount, "state": acc.State, "status": "GET /orders/" + o.OrderID})
+}
+
+// submitOrder sends o to the saga as a request: the saga's transition
+// answers OrderAccepted once it has committed (Respond).
+func (a *app) submitOrder(ctx context.Context, o OrderSubmitted) (OrderAccepted, error) {
+	return bus.Request[OrderAccepted](ctx, a.b, sagaEndpoint, o, bus.WithRequestTimeout(10*time.Second))
 }
 
 type orderView struct {
@@ -271,20 +332,26 @@ func (a *app) list(w http.ResponseWriter, r *http.Request) {
 	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(os), "orders": os})
 }
 
-// demo submits one order the payment service accepts and one it declines,
-// submits the first again, and checks where both ended.
-func (a *app) demo(ctx context.Context, f sample.Flags) error {
+// demo submits an order the payment service pays, one it declines and one
+// it never answers (the saga's timeout compensates it), submits the first
+// again, and checks where all three ended.
+func (a *app) demo(ctx context.Context, f sample.Flags, timeout time.Duration) error {
 	if err := a.migrate(ctx); err != nil {
 		return err
 	}
-	fmt.Printf("saga-order-flow on %s\n", f.Transport())
+	fmt.Printf("saga-order-flow on %s (payment timeout %v)\n", f.Transport(), timeout)
 	run := sample.RunID()
-	good, bad := OrderSubmitted{OrderID: "order-" + run + "-1", Amount: 250}, OrderSubmitted{OrderID: "order-" + run + "-2", Amount: 5000}
-	for _, o := range []OrderSubmitted{good, bad} {
-		if err := a.b.Publish(ctx, o, bus.Headers{bus.HeaderMessageID: "submit-" + o.OrderID}); err != nil {
+	good := OrderSubmitted{OrderID: "order-" + run + "-1", Amount: 250}
+	bad := OrderSubmitted{OrderID: "order-" + run + "-2", Amount: 2000}
+	hung := OrderSubmitted{OrderID: "order-" + run + "-3", Amount: 9000}
+	var answers []OrderAccepted
+	for _, o := range []OrderSubmitted{good, bad, hung} {
+		acc, err := a.submitOrder(ctx, o)
+		if err != nil {
 			return err
 		}
-		fmt.Printf("  submitted %s (amount %v)\n", o.OrderID, o.Amount)
+		answers = append(answers, acc)
+		fmt.Printf("  submitted %s (amount %v): the saga answered %s\n", o.OrderID, o.Amount, acc.State)
 	}
 	wait := func(id, state string, rows int) (*orderView, error) {
 		var v *orderView
@@ -306,28 +373,34 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 	if err != nil {
 		return err
 	}
-	// The same submission again, with a new message id: the saga ignores
-	// it in Shipped (DuringAny Ignore) and the order does not move.
-	before := a.b.Stats().Consumed // before the publish: a broker may deliver it at once
-	if err := a.b.Publish(ctx, good, bus.Headers{bus.HeaderMessageID: "resubmit-" + good.OrderID}); err != nil {
+	hv, err := wait(hung.OrderID, "Compensated", 2)
+	if err != nil {
 		return err
 	}
-	if err := sample.WaitUntil(ctx, "the resubmission", func() (bool, error) { return a.b.Stats().Consumed > before, nil }); err != nil {
+	// The same submission again, with a new message id: the saga answers
+	// with the order's state and the order does not move.
+	again, err := a.submitOrder(ctx, good)
+	if err != nil {
 		return err
 	}
 	gv2, err := a.view(ctx, good.OrderID)
 	if err != nil {
 		return err
 	}
-	for _, v := range []*orderView{gv, bv} {
-		fmt.Printf("  %s: %s (version %d)\n", v.CorrelationID, v.CurrentState, v.Version)
+	for _, v := range []*orderView{gv, bv, hv} {
+		fmt.Printf("  %s: %s %s\n", v.CorrelationID, v.CurrentState, v.FailureReason)
 		for _, h := range v.History {
 			fmt.Printf("      %-16s %s -> %s\n", h.Event, h.From, h.To)
 		}
 	}
 	var c sample.Checks
-	c.Expect(gv.CurrentState == "Shipped" && gv.Version == 2, "order 1 paid and shipped in 2 transitions")
-	c.Expect(bv.CurrentState == "Compensated" && bv.FailureReason != "", "order 2 declined and compensated (%s)", bv.FailureReason)
-	c.Expect(gv2.Version == gv.Version && len(gv2.History) == len(gv.History), "a repeated submission changed nothing")
+	for i, acc := range answers {
+		c.Expect(acc.State == "AwaitingPayment", "order %d answered AwaitingPayment (%s)", i+1, acc.State)
+	}
+	c.Expect(gv.CurrentState == "Shipped" && gv.PaymentTimeoutToken == "", "order 1 paid and shipped; its payment timeout cancelled")
+	c.Expect(bv.CurrentState == "Compensated" && bv.FailureReason == "amount above the 1000 limit", "order 2 declined and compensated (%s)", bv.FailureReason)
+	c.Expect(hv.CurrentState == "Compensated" && hv.History[len(hv.History)-1].Event == "PaymentTimeout", "order 3 unanswered, compensated by its payment timeout (%s)", hv.FailureReason)
+	c.Expect(again.State == "Shipped", "a repeated submission is answered with the order's state (%s)", again.State)
+	c.Expect(gv2.CurrentState == gv.CurrentState && len(gv2.History) == len(gv.History), "a repeated submission changed nothing")
 	return c.Err()
 }
