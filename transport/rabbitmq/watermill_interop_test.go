@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -110,7 +110,7 @@ func TestWatermillNativePublisherConsumedOnceByEachEndpoint(t *testing.T) {
 	plain := message.NewMessage(watermill.NewUUID(), body)
 	cqrs := message.NewMessage(watermill.NewUUID(), body)
 	cqrs.Metadata.Set("name", topic) // what cqrs.JSONMarshaler sets
-	for range 2 { // each published twice, as a publisher retrying would
+	for range 2 {                    // each published twice, as a publisher retrying would
 		if err := pub.Publish(topic, plain.Copy(), cqrs.Copy()); err != nil {
 			t.Fatal(err)
 		}
