@@ -15,6 +15,8 @@ import (
 const (
 	PostgresVar = "BAREWIRE_TEST_POSTGRES_DSN"
 	AMQPVar     = "BAREWIRE_TEST_AMQP_URL"
+	NATSVar     = "BAREWIRE_TEST_NATS_URL"
+	RedisVar    = "BAREWIRE_TEST_REDIS_ADDR"
 )
 
 // PostgresDSN returns the test PostgreSQL DSN or skips (fails under CI).
@@ -24,6 +26,14 @@ func PostgresDSN(t testing.TB) string {
 
 // AMQPURL returns the test RabbitMQ URL or skips (fails under CI).
 func AMQPURL(t testing.TB) string { return get(t, AMQPVar, "amqp://guest:guest@127.0.0.1:5672/") }
+
+// NATSURL returns the test NATS server's URL (with JetStream) or skips
+// (fails under CI).
+func NATSURL(t testing.TB) string { return get(t, NATSVar, "nats://127.0.0.1:4222") }
+
+// RedisAddr returns the test Redis server's address or skips (fails under
+// CI).
+func RedisAddr(t testing.TB) string { return get(t, RedisVar, "127.0.0.1:6379") }
 
 func get(t testing.TB, name, example string) string {
 	t.Helper()
