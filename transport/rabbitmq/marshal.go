@@ -307,3 +307,12 @@ func amqpValue(v any) any {
 		return v
 	}
 }
+
+// MessageFromDelivery returns the Watermill message this transport hands
+// the bus for d: id, type, content type and correlation id from the AMQP
+// properties (with the fallbacks of a foreign publisher: a `message-id` or
+// `_watermill_message_uuid` header, CQRS's `name`, the exchange), every
+// header as a string whatever its AMQP type, and the redelivered flag and
+// delivery count. Package transport/wmpubsub/wmamqp reads deliveries with
+// it, so that both speak one wire format.
+func MessageFromDelivery(d *amqp.Delivery) *message.Message { return fromDelivery(d) }
