@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -390,15 +391,10 @@ func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 		func(ctx context.Context, out chan<- *message.Message) {
 			var wg sync.WaitGroup
 			for _, tp := range topics {
-				in, err := sub.Subscribe(ctx, tp.name)
-				if err != nil {
-					t.log.Error("subscribe failed; the queue consumes its other topics", "queue", queue, "topic", tp.name, "error", err)
-					continue
-				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					t.forward(ctx, queue, tp, in, out)
+					t.consume(ctx, sub, queue, tp, out)
 				}()
 			}
 			wg.Wait()
@@ -406,6 +402,36 @@ func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 }
 
 func (s *subscriber) Close() error { return nil }
+
+// resubscribeDelay is the wait before subscribing again to a topic whose
+// subscription failed or ended while its consumer was still wanted.
+const resubscribeDelay = time.Second
+
+// consume subscribes to one topic of queue until ctx is done: a failed
+// subscription, or one the inner subscriber ended on its own (a lost
+// connection), is made again after resubscribeDelay, so that a topic is
+// never left unconsumed.
+func (t *Transport) consume(ctx context.Context, sub message.Subscriber, queue string, tp topic, out chan<- *message.Message) {
+	for {
+		in, err := sub.Subscribe(ctx, tp.name)
+		if err != nil {
+			t.log.Error("subscribe failed; trying again", "queue", queue, "topic", tp.name, "error", err)
+		} else {
+			t.forward(ctx, queue, tp, in, out)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			t.log.Warn("subscription ended; subscribing again", "queue", queue, "topic", tp.name)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(resubscribeDelay):
+		}
+	}
+}
 
 // forward hands each message of in to out, mapped onto the bus's
 // metadata, and relays the consumer's verdict to the inner message.

@@ -99,3 +99,79 @@ func TestPublishErrorChargedToConnectionOnlyWhileUnhealthy(t *testing.T) {
 		t.Errorf("unhealthy: %v, want ErrTransportUnavailable", err)
 	}
 }
+
+// flakySub fails its first Subscribe and ends its second subscription at
+// once; the third stays.
+type flakySub struct {
+	calls chan int
+	n     int
+	msgs  chan *message.Message
+}
+
+func (s *flakySub) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
+	s.n++
+	s.calls <- s.n
+	switch s.n {
+	case 1:
+		return nil, errors.New("server unreachable")
+	case 2:
+		ch := make(chan *message.Message)
+		close(ch)
+		return ch, nil
+	}
+	// Like a real subscriber: the channel closes once ctx is done.
+	ch := make(chan *message.Message)
+	go func() {
+		defer close(ch)
+		for {
+			select {
+			case m := <-s.msgs:
+				select {
+				case ch <- m:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch, nil
+}
+func (s *flakySub) Close() error { return nil }
+
+// TestSubscriptionRetriedUntilItHolds: a topic whose subscription fails,
+// or ends on its own, is subscribed again, and its messages then flow.
+func TestSubscriptionRetriedUntilItHolds(t *testing.T) {
+	sub := &flakySub{calls: make(chan int, 8), msgs: make(chan *message.Message, 1)}
+	tr, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return failingPub{}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return sub, nil }
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := tr.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tr.Subscriber().Subscribe(ctx, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.msgs <- message.NewMessage("m1", []byte("x"))
+	select {
+	case m := <-out:
+		if m.UUID != "m1" {
+			t.Fatalf("got %q", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message after the subscription failed and ended: not subscribed again")
+	}
+	if n := len(sub.calls); n != 3 {
+		t.Errorf("Subscribe called %d times, want 3", n)
+	}
+}
