@@ -102,6 +102,36 @@ func TestDemosOnPostgresTransport(t *testing.T) {
 	}
 }
 
+// TestDemosOnWatermillPresets runs the basic-publish-consume demo on each
+// Watermill preset tested here (NATS JetStream, Redis Streams, RabbitMQ
+// through watermill-amqp), with the inbox and outbox in PostgreSQL. It
+// needs BAREWIRE_TEST_NATS_URL, BAREWIRE_TEST_REDIS_ADDR,
+// BAREWIRE_TEST_AMQP_URL and BAREWIRE_TEST_POSTGRES_DSN.
+func TestDemosOnWatermillPresets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test (needs NATS, Redis, RabbitMQ and PostgreSQL); not run with -short")
+	}
+	dsn := testenv.PostgresDSN(t)
+	bin := filepath.Join(buildSamples(t), "basic-publish-consume")
+	for _, tc := range []struct {
+		transport string
+		args      func(t *testing.T) []string
+		says      string
+	}{
+		{"nats", func(t *testing.T) []string { return []string{"-nats-url", testenv.NATSURL(t)} }, " on NATS JetStream through watermill-nats + PostgreSQL"},
+		{"redis", func(t *testing.T) []string { return []string{"-redis-addr", testenv.RedisAddr(t)} }, " on Redis Streams through watermill-redisstream + PostgreSQL"},
+		{"wmamqp", func(t *testing.T) []string { return []string{"-amqp-url", testenv.AMQPURL(t)} }, " on RabbitMQ through watermill-amqp + PostgreSQL"},
+	} {
+		t.Run(tc.transport, func(t *testing.T) {
+			args := append([]string{"-transport", tc.transport, "-postgres-dsn", isolatedDSN(t, dsn, "basic-"+tc.transport)}, tc.args(t)...)
+			out := runDemo(t, bin, args...)
+			if !strings.Contains(out, tc.says) {
+				t.Errorf("demo does not say %q:\n%s", tc.says, out)
+			}
+		})
+	}
+}
+
 // TestTransportFlagErrors checks that a transport selection that cannot
 // work stops a sample at once (exit status 2) with a message saying why.
 func TestTransportFlagErrors(t *testing.T) {

@@ -20,6 +20,8 @@ const (
 	// `scripts/rabbitmq-cluster.sh urls` prints them. Tests stop and start
 	// those nodes with that script.
 	AMQPClusterVar = "BAREWIRE_TEST_AMQP_CLUSTER_URLS"
+	NATSVar        = "BAREWIRE_TEST_NATS_URL"
+	RedisVar       = "BAREWIRE_TEST_REDIS_ADDR"
 )
 
 // PostgresDSN returns the test PostgreSQL DSN or skips (fails under CI).
@@ -42,6 +44,14 @@ func AMQPClusterURLs(t testing.TB) []string {
 	}
 	return urls
 }
+
+// NATSURL returns the test NATS server's URL (with JetStream) or skips
+// (fails under CI).
+func NATSURL(t testing.TB) string { return get(t, NATSVar, "nats://127.0.0.1:4222") }
+
+// RedisAddr returns the test Redis server's address or skips (fails under
+// CI).
+func RedisAddr(t testing.TB) string { return get(t, RedisVar, "127.0.0.1:6379") }
 
 func get(t testing.TB, name, example string) string {
 	t.Helper()

@@ -54,6 +54,10 @@ const (
 
 	// HeaderWatermillUUID is where Watermill-native publishers put the id.
 	HeaderWatermillUUID = "_watermill_message_uuid"
+	// HeaderWatermillName is the metadata in which Watermill's CQRS
+	// marshalers (cqrs.JSONMarshaler, ProtobufMarshaler) name the message
+	// type; read as the type when a message carries none of its own.
+	HeaderWatermillName = "name"
 )
 
 // Destination prefixes.

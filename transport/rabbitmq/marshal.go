@@ -93,7 +93,9 @@ func PublishingFor(m *outbox.Message) (exchange, key string, pub amqp.Publishing
 // fromDelivery builds the Watermill message for a delivery. The UUID is the
 // message_id property, else a `message-id` header (what BareWire's docs
 // tell plain-client publishers to set), else the Watermill header, else ""
-// (never invented).
+// (never invented). The type is the type property, else the BW-MessageType
+// header, else Watermill CQRS's `name` metadata, else the exchange the
+// message came through (the type, under the exchange-per-type topology).
 // Every header is copied into Metadata as a string, whatever its AMQP type.
 func fromDelivery(d *amqp.Delivery) *message.Message {
 	id := d.MessageId
@@ -117,6 +119,17 @@ func fromDelivery(d *amqp.Delivery) *message.Message {
 	}
 	if d.Type != "" {
 		msg.Metadata.Set(wire.HeaderMessageType, d.Type)
+	} else if msg.Metadata.Get(wire.HeaderMessageType) == "" {
+		// A Watermill-native publisher (watermill-amqp's default
+		// marshaler) sets no type property: take the type from the name
+		// Watermill's CQRS marshalers put in the metadata, else from the
+		// exchange the message came through, which under the bus's
+		// exchange-per-type topology is the message type.
+		if v := msg.Metadata.Get(wire.HeaderWatermillName); v != "" {
+			msg.Metadata.Set(wire.HeaderMessageType, v)
+		} else if d.Exchange != "" {
+			msg.Metadata.Set(wire.HeaderMessageType, d.Exchange)
+		}
 	}
 	if d.ContentType != "" {
 		msg.Metadata.Set(wire.HeaderContentType, d.ContentType)
@@ -294,3 +307,12 @@ func amqpValue(v any) any {
 		return v
 	}
 }
+
+// MessageFromDelivery returns the Watermill message this transport hands
+// the bus for d: id, type, content type and correlation id from the AMQP
+// properties (with the fallbacks of a foreign publisher: a `message-id` or
+// `_watermill_message_uuid` header, CQRS's `name`, the exchange), every
+// header as a string whatever its AMQP type, and the redelivered flag and
+// delivery count. Package transport/wmpubsub/wmamqp reads deliveries with
+// it, so that both speak one wire format.
+func MessageFromDelivery(d *amqp.Delivery) *message.Message { return fromDelivery(d) }

@@ -134,6 +134,22 @@ func TestFromDelivery(t *testing.T) {
 	if m.UUID != "p1" || m.Metadata.Get(wire.HeaderMessageID) != "p1" {
 		t.Errorf("property precedence: %q %v", m.UUID, m.Metadata)
 	}
+	// Type precedence for Watermill-native publishers: the type property,
+	// then BW-MessageType, then CQRS's `name`, then the exchange.
+	for _, c := range []struct {
+		d    amqp.Delivery
+		want string
+	}{
+		{amqp.Delivery{Type: "P", Exchange: "X", Headers: amqp.Table{wire.HeaderMessageType: "H", "name": "N"}}, "P"},
+		{amqp.Delivery{Exchange: "X", Headers: amqp.Table{wire.HeaderMessageType: "H", "name": "N"}}, "H"},
+		{amqp.Delivery{Exchange: "X", Headers: amqp.Table{"name": "N"}}, "N"},
+		{amqp.Delivery{Exchange: "X"}, "X"},
+		{amqp.Delivery{RoutingKey: "q"}, ""},
+	} {
+		if got := fromDelivery(&c.d).Metadata.Get(wire.HeaderMessageType); got != c.want {
+			t.Errorf("type of %+v = %q, want %q", c.d, got, c.want)
+		}
+	}
 	m = fromDelivery(&amqp.Delivery{})
 	if m.UUID != "" || m.Metadata.Get(wire.HeaderMessageID) != "" {
 		t.Errorf("invented an id: %q", m.UUID)

@@ -29,6 +29,9 @@ import (
 	"github.com/barewire-go/barewire/transport/inproc"
 	"github.com/barewire-go/barewire/transport/pgtransport"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmamqp"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmnats"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmredis"
 )
 
 // Transports that -transport selects.
@@ -36,21 +39,27 @@ const (
 	TransportEmbedded = "embedded" // in-process transport; inbox/outbox in SQLite, or in -postgres-dsn
 	TransportRabbitMQ = "rabbitmq" // RabbitMQ at -amqp-url; inbox/outbox as for embedded
 	TransportPostgres = "postgres" // PostgreSQL at -postgres-dsn: queues, inbox and outbox in one database
+	// Watermill Pub/Subs through transport/wmpubsub; inbox/outbox as for embedded.
+	TransportNATS   = "nats"   // NATS JetStream at -nats-url (wmnats)
+	TransportRedis  = "redis"  // Redis Streams at -redis-addr (wmredis)
+	TransportWMAMQP = "wmamqp" // RabbitMQ at -amqp-url through watermill-amqp (wmamqp)
 )
 
 // Transports lists the values -transport accepts.
-var Transports = []string{TransportEmbedded, TransportRabbitMQ, TransportPostgres}
+var Transports = []string{TransportEmbedded, TransportRabbitMQ, TransportPostgres, TransportNATS, TransportRedis, TransportWMAMQP}
 
 // Flags are the settings every sample accepts. Environment variables
 // BAREWIRE_TRANSPORT, BAREWIRE_AMQP_URL, BAREWIRE_POSTGRES_DSN and
 // BAREWIRE_LISTEN give defaults.
 type Flags struct {
-	// TransportName is -transport: embedded, rabbitmq or postgres. Empty
+	// TransportName is -transport: one of Transports. Empty
 	// picks rabbitmq when AMQPURL is set and embedded otherwise; Kind
 	// resolves it.
 	TransportName string
 	AMQPURL       string
 	PostgresDSN   string
+	NATSURL       string
+	RedisAddr     string
 	Listen        string
 	Demo          bool
 }
@@ -63,6 +72,8 @@ func ParseFlags(defaultListen string) Flags {
 	flag.StringVar(&f.TransportName, "transport", os.Getenv("BAREWIRE_TRANSPORT"), "transport: "+strings.Join(Transports, ", ")+"; default rabbitmq when -amqp-url is given, else embedded")
 	flag.StringVar(&f.AMQPURL, "amqp-url", os.Getenv("BAREWIRE_AMQP_URL"), "RabbitMQ URL (amqp://user:pass@host:5672/vhost) for -transport rabbitmq; given alone, it selects rabbitmq")
 	flag.StringVar(&f.PostgresDSN, "postgres-dsn", os.Getenv("BAREWIRE_POSTGRES_DSN"), "PostgreSQL DSN: the database of -transport postgres; on the other transports the inbox/outbox database (empty: embedded in-memory SQLite)")
+	flag.StringVar(&f.NATSURL, "nats-url", envOr("BAREWIRE_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (JetStream on) for -transport nats")
+	flag.StringVar(&f.RedisAddr, "redis-addr", envOr("BAREWIRE_REDIS_ADDR", "127.0.0.1:6379"), "Redis address for -transport redis")
 	flag.StringVar(&f.Listen, "listen", envOr("BAREWIRE_LISTEN", defaultListen), "HTTP listen address")
 	flag.BoolVar(&f.Demo, "demo", false, "run the scripted demo, print what happened and exit (no HTTP server)")
 	flag.Parse()
@@ -97,6 +108,21 @@ func (f Flags) Kind() (string, error) {
 			return "", errors.New("-transport rabbitmq needs -amqp-url (or BAREWIRE_AMQP_URL), e.g. amqp://guest:guest@127.0.0.1:5672/")
 		}
 		return name, nil
+	case TransportWMAMQP:
+		if f.AMQPURL == "" {
+			return "", errors.New("-transport wmamqp needs -amqp-url (or BAREWIRE_AMQP_URL), e.g. amqp://guest:guest@127.0.0.1:5672/")
+		}
+		return name, nil
+	case TransportNATS:
+		if f.NATSURL == "" {
+			return "", errors.New("-transport nats needs -nats-url (or BAREWIRE_NATS_URL), e.g. nats://127.0.0.1:4222")
+		}
+		return name, nil
+	case TransportRedis:
+		if f.RedisAddr == "" {
+			return "", errors.New("-transport redis needs -redis-addr (or BAREWIRE_REDIS_ADDR), e.g. 127.0.0.1:6379")
+		}
+		return name, nil
 	case TransportPostgres:
 		if f.PostgresDSN == "" {
 			return "", errors.New("-transport postgres needs -postgres-dsn (or BAREWIRE_POSTGRES_DSN), e.g. 'host=127.0.0.1 user=postgres dbname=app sslmode=disable'")
@@ -116,6 +142,9 @@ func (f Flags) Kind() (string, error) {
 //   - rabbitmq: RabbitMQ at -amqp-url; the inbox and outbox as for embedded.
 //   - postgres: the PostgreSQL transport on -postgres-dsn; its queues, the
 //     inbox and the outbox share that database.
+//   - nats, redis, wmamqp: the Watermill presets (transport/wmpubsub) on
+//     -nats-url, -redis-addr, -amqp-url; the inbox and outbox as for
+//     embedded.
 //
 // It links every transport, since the flag picks one at run time; a
 // program that knows its transport imports only that one's package.
@@ -137,9 +166,16 @@ func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox
 		// database, so PublishTx writes straight to the queue.
 		return append(opts, bus.WithTransport(pgtransport.New(db, func(c *pgtransport.Config) { declare(&c.Endpoints) }))), nil
 	}
-	if kind == TransportRabbitMQ {
+	switch kind {
+	case TransportRabbitMQ:
 		opts = append(opts, bus.WithTransport(rabbitmq.New(f.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
-	} else {
+	case TransportWMAMQP:
+		opts = append(opts, bus.WithTransport(wmamqp.New(f.AMQPURL, func(c *wmamqp.Config) { declare(&c.Endpoints) })))
+	case TransportNATS:
+		opts = append(opts, bus.WithTransport(wmnats.New(f.NATSURL, func(c *wmnats.Config) { declare(&c.Endpoints) })))
+	case TransportRedis:
+		opts = append(opts, bus.WithTransport(wmredis.New(f.RedisAddr, func(c *wmredis.Config) { declare(&c.Endpoints) })))
+	default:
 		opts = append(opts, bus.WithTransport(inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) })))
 	}
 	if f.PostgresDSN != "" {
@@ -173,6 +209,12 @@ func (f Flags) Transport() string {
 		return "PostgreSQL transport + PostgreSQL (queues, inbox and outbox in one database)"
 	case TransportRabbitMQ:
 		return "RabbitMQ + " + f.database()
+	case TransportWMAMQP:
+		return "RabbitMQ through watermill-amqp + " + f.database()
+	case TransportNATS:
+		return "NATS JetStream through watermill-nats + " + f.database()
+	case TransportRedis:
+		return "Redis Streams through watermill-redisstream + " + f.database()
 	}
 	return "in-process + " + f.database()
 }

@@ -1,0 +1,426 @@
+// Package e2etest runs the bus end to end on a wmpubsub preset, with the
+// inbox and outbox on PostgreSQL: exactly-once effects through duplicates,
+// in-process retries and delayed redeliveries; a Watermill message without
+// a UUID dead-lettered without stopping its neighbours; and, where the
+// Pub/Sub redelivers a message its consumer holds too long (JetStream
+// AckWait, a Redis consumer group's pending claim), the second delivery
+// absorbed by the inbox.
+package e2etest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"gorm.io/gorm"
+
+	"github.com/barewire-go/barewire/bus"
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+)
+
+// Config says how to build the preset under test.
+type Config struct {
+	// New returns the preset's factory with the endpoints declare
+	// declares. slow is true for the Slow case, which needs the Pub/Sub's
+	// redelivery timeout (AckWait, MaxIdleTime) short: about a second.
+	New func(t *testing.T, slow bool, declare func(*endpoint.Endpoints)) transport.Factory
+	// Inject publishes msg to topic with a plain Watermill publisher of
+	// the Pub/Sub, as a Watermill-native service would.
+	Inject func(t *testing.T, topic string, msg *message.Message)
+	// TypeTopic is the topic of message type typ (Topics.Type).
+	TypeTopic func(typ string) string
+	// Slow says the Pub/Sub redelivers a message held longer than its
+	// redelivery timeout; the Slow case is skipped otherwise.
+	Slow bool
+	// DedupsPublishes says the Pub/Sub drops a message published again
+	// with the same id (JetStream's Nats-Msg-Id window), so that the
+	// copies published twice never reach the inbox.
+	DedupsPublishes bool
+	// Cleanup deletes the endpoints' queues and the types' topics.
+	Cleanup func(t *testing.T, queues, types []string)
+}
+
+// Order is the test's message.
+type Order struct {
+	N int `json:"n"`
+}
+
+// effect is one consumer's business effect, written in its transaction.
+type effect struct {
+	ID        int64 `gorm:"primaryKey"`
+	Endpoint  string
+	MessageID string
+}
+
+// Run runs every case as a subtest.
+func Run(t *testing.T, c Config) {
+	t.Run("ExactlyOnceThroughDuplicatesRetriesAndRedeliveries", func(t *testing.T) { exactlyOnce(t, c) })
+	t.Run("MessageWithoutUUIDDeadLetteredNeighboursFlow", func(t *testing.T) { noUUID(t, c) })
+	t.Run("SlowConsumerRedeliveredByThePubSubRunsOnce", func(t *testing.T) {
+		if !c.Slow {
+			t.Skip("the Pub/Sub does not redeliver a message its consumer holds (Config.Slow is false)")
+		}
+		slow(t, c)
+	})
+}
+
+type env struct {
+	t      *testing.T
+	c      Config
+	suffix string
+	db     *gorm.DB
+	events chan bus.Event
+
+	mu      sync.Mutex
+	handled map[string]map[string]int // endpoint → outcome → count
+}
+
+func newEnv(t *testing.T, c Config) *env {
+	dsn := testenv.PostgresDSN(t)
+	admin, err := postgresdb.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminSQL, err := admin.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = adminSQL.Close() })
+	_, schemaDSN := testenv.PostgresSchema(t, adminSQL, dsn)
+	db, err := postgresdb.Open(schemaDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s, err := db.DB(); err == nil {
+			_ = s.Close()
+		}
+	})
+	if err := db.AutoMigrate(&effect{}); err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return &env{t: t, c: c, suffix: hex.EncodeToString(b[:]), db: db, events: make(chan bus.Event, 1024),
+		handled: map[string]map[string]int{}}
+}
+
+func (e *env) name(s string) string { return s + "-" + e.suffix }
+
+// start starts a bus on the preset; queues and types are cleaned up after.
+func (e *env) start(slow bool, queues, types []string, declare func(*endpoint.Endpoints)) *bus.Bus {
+	t := e.t
+	if e.c.Cleanup != nil {
+		t.Cleanup(func() { e.c.Cleanup(t, append(queues, errorQueues(queues)...), types) })
+	}
+	b, err := bus.New(
+		bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithDatabase(e.db),
+		bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 100 * time.Millisecond }),
+		bus.WithObserver(func(ev bus.Event) {
+			if ev.Kind != bus.EventHandled {
+				return
+			}
+			e.mu.Lock()
+			if e.handled[ev.Endpoint] == nil {
+				e.handled[ev.Endpoint] = map[string]int{}
+			}
+			e.handled[ev.Endpoint][ev.Outcome]++
+			e.mu.Unlock()
+			select {
+			case e.events <- ev:
+			default:
+			}
+		}),
+		bus.WithTransport(e.c.New(t, slow, declare)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := b.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	return b
+}
+
+func errorQueues(qs []string) []string {
+	var out []string
+	for _, q := range qs {
+		out = append(out, q+"_error")
+	}
+	return out
+}
+
+// record is a consumer that writes its effect in the delivery's
+// transaction.
+func record(name string) func(context.Context, *endpoint.Context[Order]) error {
+	return func(ctx context.Context, c *endpoint.Context[Order]) error {
+		return bus.TxFromContext(ctx).Create(&effect{Endpoint: name, MessageID: c.MessageID}).Error
+	}
+}
+
+// effects counts effect rows per endpoint and message id.
+func (e *env) effects() map[[2]string]int {
+	var rows []effect
+	if err := e.db.Find(&rows).Error; err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[[2]string]int{}
+	for _, r := range rows {
+		out[[2]string{r.Endpoint, r.MessageID}]++
+	}
+	return out
+}
+
+// waitEffects waits until every key has an effect, then a little longer
+// for a stray second one to show.
+func (e *env) waitEffects(keys [][2]string, timeout time.Duration) map[[2]string]int {
+	deadline := time.Now().Add(timeout)
+	for {
+		got := e.effects()
+		missing := 0
+		for _, k := range keys {
+			if got[k] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d of %d effects missing after %v (handled: %v)", missing, len(keys), timeout, e.outcomes())
+		}
+		select {
+		case <-e.events:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (e *env) outcomes() map[string]map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]map[string]int{}
+	for k, v := range e.handled {
+		out[k] = map[string]int{}
+		for o, n := range v {
+			out[k][o] = n
+		}
+	}
+	return out
+}
+
+func (e *env) outcome(endpoint, outcome string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.handled[endpoint][outcome]
+}
+
+func exactlyOnce(t *testing.T, c Config) {
+	e := newEnv(t, c)
+	typ := e.name("OrderPlaced")
+	billing, audit, flaky := e.name("billing"), e.name("audit"), e.name("flaky")
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	b := e.start(false, []string{billing, audit, flaky}, []string{typ}, func(d *endpoint.Endpoints) {
+		for _, name := range []string{billing, audit} {
+			d.ReceiveEndpoint(name, func(ep *endpoint.Endpoint) {
+				ep.Retry = endpoint.Immediate(2)
+				endpoint.Consumer(ep, func(ctx context.Context, oc *endpoint.Context[Order]) error {
+					// Every third message fails its first attempt: retried
+					// in process.
+					mu.Lock()
+					attempts[name+oc.MessageID]++
+					n := attempts[name+oc.MessageID]
+					mu.Unlock()
+					if oc.Message.N%3 == 0 && n == 1 {
+						return fmt.Errorf("transient failure of %s", oc.MessageID)
+					}
+					return record(name)(ctx, oc)
+				}, endpoint.AsMessageType(typ))
+			})
+		}
+		d.ReceiveEndpoint(flaky, func(ep *endpoint.Endpoint) {
+			// No in-process retry: a failure goes through the outbox as a
+			// delayed redelivery to the endpoint's own topic.
+			ep.Retry = endpoint.NoRetry()
+			ep.Redelivery = []time.Duration{200 * time.Millisecond, 200 * time.Millisecond}
+			endpoint.Consumer(ep, func(ctx context.Context, oc *endpoint.Context[Order]) error {
+				mu.Lock()
+				attempts[flaky+oc.MessageID]++
+				n := attempts[flaky+oc.MessageID]
+				mu.Unlock()
+				if n == 1 {
+					return fmt.Errorf("first delivery of %s fails", oc.MessageID)
+				}
+				return record(flaky)(ctx, oc)
+			}, endpoint.AsMessageType(typ+".direct"))
+		})
+	})
+	ctx := context.Background()
+	const n = 12
+	var keys [][2]string
+	for i := range n {
+		id := e.name(fmt.Sprintf("order-%02d", i))
+		h := bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: typ}
+		// Through the outbox, in a transaction.
+		if err := e.db.Transaction(func(tx *gorm.DB) error { return b.PublishTx(ctx, tx, Order{N: i}, h) }); err != nil {
+			t.Fatal(err)
+		}
+		// And the same message again, straight to the Pub/Sub: a
+		// duplicate for the inbox to absorb.
+		if err := b.Publish(ctx, Order{N: i}, h); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, [2]string{billing, id}, [2]string{audit, id})
+		if i < 4 {
+			// Sent to one endpoint (its own topic), failing its first
+			// delivery, redelivered through the outbox.
+			did := e.name(fmt.Sprintf("direct-%02d", i))
+			if err := b.Send(ctx, "queue:"+flaky, Order{N: i}, bus.Headers{bus.HeaderMessageID: did, bus.HeaderMessageType: typ + ".direct"}); err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, [2]string{flaky, did})
+		}
+	}
+	e.waitEffects(keys, 60*time.Second)
+	// Both copies of every message handled before we count.
+	deadline := time.Now().Add(30 * time.Second)
+	for !c.DedupsPublishes && (e.outcome(billing, bus.OutcomeDuplicate) < n || e.outcome(audit, bus.OutcomeDuplicate) < n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("duplicates not all absorbed: %v", e.outcomes())
+		}
+		select {
+		case <-e.events:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	got := e.effects()
+	for _, k := range keys {
+		if got[k] != 1 {
+			t.Errorf("effect of %s on %s applied %d times, want once", k[1], k[0], got[k])
+		}
+	}
+	if len(got) != len(keys) {
+		t.Errorf("%d distinct effects, want %d", len(got), len(keys))
+	}
+	if r := e.outcome(flaky, bus.OutcomeRedelivery); r != 4 {
+		t.Errorf("flaky endpoint scheduled %d redeliveries, want 4 (outcomes %v)", r, e.outcomes())
+	}
+	t.Logf("outcomes: %v", e.outcomes())
+}
+
+func noUUID(t *testing.T, c Config) {
+	e := newEnv(t, c)
+	typ := e.name("OrderPlaced")
+	ep := e.name("orders")
+	b := e.start(false, []string{ep}, []string{typ}, func(d *endpoint.Endpoints) {
+		d.ReceiveEndpoint(ep, func(x *endpoint.Endpoint) {
+			endpoint.Consumer(x, record(ep), endpoint.AsMessageType(typ))
+		})
+	})
+	body, _ := json.Marshal(Order{N: 1})
+	// A Watermill-native publisher that sets no UUID and no type: typed by
+	// the topic, refused for its missing id.
+	c.Inject(t, c.TypeTopic(typ), message.NewMessage("", body))
+	id := e.name("after")
+	if err := b.Publish(context.Background(), Order{N: 2}, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: typ}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEffects([][2]string{{ep, id}}, 30*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.outcome(ep, bus.OutcomeDeadLettered) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("message without a UUID not dead-lettered: %v", e.outcomes())
+		}
+		select {
+		case <-e.events:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	// Terminal: it does not come back.
+	// No event signals that something did not happen: watch for a second.
+	time.Sleep(time.Second)
+	if n := e.outcome(ep, bus.OutcomeDeadLettered); n != 1 {
+		t.Errorf("dead-lettered %d times, want once (a loop)", n)
+	}
+	if got := e.effects(); len(got) != 1 {
+		t.Errorf("effects %v, want only the neighbour's", got)
+	}
+}
+
+func slow(t *testing.T, c Config) {
+	e := newEnv(t, c)
+	typ := e.name("OrderPlaced")
+	ep := e.name("slow")
+	var mu sync.Mutex
+	calls := map[string]int{}
+	b := e.start(true, []string{ep}, []string{typ}, func(d *endpoint.Endpoints) {
+		d.ReceiveEndpoint(ep, func(x *endpoint.Endpoint) {
+			x.ConcurrentMessageLimit = 2
+			endpoint.Consumer(x, func(ctx context.Context, oc *endpoint.Context[Order]) error {
+				mu.Lock()
+				calls[oc.MessageID]++
+				first := calls[oc.MessageID] == 1
+				mu.Unlock()
+				if first && oc.Message.N == 0 {
+					// Held past the Pub/Sub's redelivery timeout: the
+					// message comes again while this runs.
+					select {
+					case <-time.After(3 * time.Second):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return record(ep)(ctx, oc)
+			}, endpoint.AsMessageType(typ))
+		})
+	})
+	var keys [][2]string
+	for i := range 3 {
+		id := e.name(fmt.Sprintf("slow-%d", i))
+		if err := b.Publish(context.Background(), Order{N: i}, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: typ}); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, [2]string{ep, id})
+	}
+	e.waitEffects(keys, 60*time.Second)
+	// The redelivery of the slow message must end as a duplicate.
+	deadline := time.Now().Add(30 * time.Second)
+	for e.outcome(ep, bus.OutcomeDuplicate) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Pub/Sub's redelivery of the slow message never reached the inbox: %v", e.outcomes())
+		}
+		select {
+		case <-e.events:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	got := e.effects()
+	for _, k := range keys {
+		if got[k] != 1 {
+			t.Errorf("effect of %s applied %d times, want once", k[1], got[k])
+		}
+	}
+	t.Logf("outcomes: %v", e.outcomes())
+}

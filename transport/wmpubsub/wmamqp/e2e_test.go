@@ -1,0 +1,46 @@
+package wmamqp_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/wmpubsub/internal/e2etest"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmamqp"
+)
+
+// TestEndToEnd runs the bus through watermill-amqp with the inbox and
+// outbox on PostgreSQL. RabbitMQ does not redeliver a message its consumer
+// holds, so the Slow case is skipped. The message without a UUID comes
+// from watermill-amqp's own durable pub/sub publisher and default marshaler.
+func TestEndToEnd(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	e2etest.Run(t, e2etest.Config{
+		New: func(t *testing.T, _ bool, declare func(*endpoint.Endpoints)) transport.Factory {
+			return wmamqp.New(url, func(c *wmamqp.Config) { declare(&c.Endpoints) })
+		},
+		Inject: func(t *testing.T, topic string, msg *message.Message) {
+			pub, err := wamqp.NewPublisher(wamqp.NewDurablePubSubConfig(url, nil), watermill.NopLogger{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			if err := pub.Publish(topic, msg); err != nil {
+				t.Fatal(err)
+			}
+		},
+		TypeTopic: func(typ string) string { return typ },
+		Cleanup: func(t *testing.T, queues, types []string) {
+			var direct []string
+			for _, x := range types {
+				direct = append(direct, x+".direct")
+			}
+			deleteTopology(t, url, queues, append(types, direct...))
+		},
+	})
+}

@@ -1,0 +1,55 @@
+package wmnats_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/transporttest"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmnats"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// deleteStreams removes the streams of queues and types (and with them
+// their consumers).
+func deleteStreams(t *testing.T, url string, queues, types []string) {
+	conn, err := nats.Connect(url)
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	js, err := conn.JetStream()
+	if err != nil {
+		return
+	}
+	for _, q := range queues {
+		_ = js.DeleteStream(wmnats.Name("q:" + q))
+	}
+	for _, x := range types {
+		_ = js.DeleteStream(wmnats.Name(x))
+	}
+}
+
+// TestConformance runs the seam's conformance suite on the local NATS
+// JetStream server.
+func TestConformance(t *testing.T) {
+	url := testenv.NATSURL(t)
+	transporttest.Run(t, transporttest.Config{
+		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
+			return wmnats.New(url, func(c *wmnats.Config) {
+				declare(&c.Endpoints)
+				c.AckWait = 5 * time.Second
+			})
+		},
+		Durable:        true,
+		NackGoesBehind: true,
+		Cleanup:        func(t *testing.T, queues, types []string) { deleteStreams(t, url, queues, types) },
+	})
+}

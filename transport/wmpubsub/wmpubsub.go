@@ -1,0 +1,548 @@
+package wmpubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+)
+
+var _ transport.Transport = (*Transport)(nil)
+
+// Config configures the adapter: the receive endpoints (through the
+// embedded Endpoints, as on every transport) and what the adapter cannot
+// know about the Pub/Sub. A preset fills everything but Endpoints.
+type Config struct {
+	endpoint.Endpoints
+
+	// Publisher returns the publisher every message is sent with. Start
+	// calls it once; the adapter closes what it returns. Required.
+	Publisher func(ctx context.Context) (message.Publisher, error)
+	// Subscriber returns the subscriber of one queue (an endpoint, or an
+	// error queue). Every subscription it makes must belong to one
+	// consumer group named after queue, so that two subscriptions of one
+	// queue compete and two queues each get their copy. It is called
+	// once per queue, by Start for each endpoint and its error queue, and
+	// by Subscribe for any other queue; the adapter closes what it
+	// returns. When the subscriber implements
+	// message.SubscribeInitializer, Start initializes every topic of the
+	// queue with it, so that nothing published before the first Subscribe
+	// is lost. Required.
+	Subscriber func(ctx context.Context, queue string) (message.Subscriber, error)
+	// Topics maps destinations onto topics. Defaults to the names as they
+	// are.
+	Topics Topics
+	// Semantics says what the Pub/Sub does with a nack.
+	Semantics Semantics
+	// Health reports nil while the Pub/Sub is reachable. A publish error
+	// while Health fails is charged to the connection (the relay retries
+	// the message without counting an attempt); any other publish error
+	// to the message. Defaults to always nil.
+	Health func(ctx context.Context) error
+	// OnClose, when set, is called after the publisher and subscribers are
+	// closed, to release what the preset opened.
+	OnClose func() error
+	// System names the messaging system for telemetry ("nats", "redis").
+	// Defaults to "watermill".
+	System string
+}
+
+// Topics maps the bus's destinations onto Pub/Sub topics. Both functions
+// must be injective on the names a service uses, and their images must not
+// overlap.
+type Topics struct {
+	// Type is the topic of messages published to a message type
+	// ("exchange:T"), which every endpoint consuming T subscribes to.
+	// Defaults to T.
+	Type func(messageType string) string
+	// Queue is the topic of messages sent to one queue ("queue:Q"): an
+	// endpoint, its error queue. Defaults to Q.
+	Queue func(queue string) string
+}
+
+// Semantics declares what the Pub/Sub does that the adapter cannot see.
+type Semantics struct {
+	// NackRedelivers says that a nacked message comes back to the same
+	// consumer group (watermill-amqp requeues it, JetStream naks it,
+	// watermill-redisstream resends it in process). When false, the
+	// adapter publishes the message again to its queue's topic and then
+	// acknowledges the original.
+	NackRedelivers bool
+	// NackGoesBehind says that a message nacked over and over does not
+	// hold up the messages behind it (JetStream). False where a nack
+	// puts it back at the head (watermill-amqp) or resends it at once in
+	// process (watermill-redisstream, watermill-kafka). The bus nacks
+	// only when it must hand a message back (a busy inbox entry, the
+	// database down, shutdown): failures are retried in process, delayed
+	// through the outbox and dead-lettered to the error topic.
+	NackGoesBehind bool
+	// AckPerOffset says that acknowledgements move a partition offset
+	// (Kafka): a message held by a slow consumer holds back its
+	// partition, and consumers compete per partition, not per message.
+	AckPerOffset bool
+}
+
+// Factory is what New returns, to hand to bus.WithTransport.
+type Factory struct{ cfg Config }
+
+// New returns the adapter's factory. configure sets the Pub/Sub and
+// declares the receive endpoints; presets call it for you.
+func New(configure func(c *Config)) *Factory {
+	f := &Factory{}
+	if configure != nil {
+		configure(&f.cfg)
+	}
+	return f
+}
+
+// Endpoints returns the receive endpoints declared in New's block.
+func (f *Factory) Endpoints() *endpoint.Endpoints { return &f.cfg.Endpoints }
+
+// Build validates the configuration; it does no I/O.
+func (f *Factory) Build(env transport.Env) (transport.Transport, error) {
+	c := f.cfg
+	var errs []error
+	if c.Publisher == nil {
+		errs = append(errs, errors.New("wmpubsub: Config.Publisher is nil; set it to return your message.Publisher, or use a preset (wmamqp, wmnats, wmredis, wmkafka)"))
+	}
+	if c.Subscriber == nil {
+		errs = append(errs, errors.New("wmpubsub: Config.Subscriber is nil; set it to return the message.Subscriber of a queue's consumer group, or use a preset"))
+	}
+	errs = append(errs, transport.CheckPlainEndpoints("wmpubsub", c.List())...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if c.Topics.Type == nil {
+		c.Topics.Type = func(s string) string { return s }
+	}
+	if c.Topics.Queue == nil {
+		c.Topics.Queue = func(s string) string { return s }
+	}
+	if c.System == "" {
+		c.System = "watermill"
+	}
+	log := env.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &Transport{cfg: c, log: log.With("transport", c.System), ctx: ctx, cancel: cancel,
+		subs: map[string]message.Subscriber{}, eps: map[string]*endpoint.Endpoint{}, nacked: map[string]struct{}{}}
+	t.book = transport.NewSubscriptions(ctx, "wmpubsub")
+	return t, nil
+}
+
+// Transport is the adapter, running.
+type Transport struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+	book   *transport.Subscriptions
+	bridge sync.WaitGroup // goroutines relaying a verdict to the inner message
+
+	mu     sync.Mutex
+	pub    message.Publisher
+	subs   map[string]message.Subscriber // by queue
+	eps    map[string]*endpoint.Endpoint
+	closed bool
+	// nacked holds "queue\x00id" of messages nacked by a consumer of
+	// queue, so that their next delivery is flagged redelivered where the
+	// Pub/Sub does not say so itself. Bounded by maxNacked.
+	nacked map[string]struct{}
+}
+
+const maxNacked = 10000
+
+// System names the messaging system for telemetry.
+func (t *Transport) System() string { return t.cfg.System }
+
+// Start opens the publisher and each endpoint's subscriber, and
+// initializes their topics where the subscriber can.
+func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
+	t.mu.Lock()
+	for _, ep := range eps {
+		t.eps[ep.Name()] = ep
+	}
+	havePub := t.pub != nil
+	t.mu.Unlock()
+	if !havePub {
+		pub, err := t.cfg.Publisher(ctx)
+		if err != nil {
+			return fmt.Errorf("wmpubsub: open publisher: %w", err)
+		}
+		t.mu.Lock()
+		t.pub = pub
+		t.mu.Unlock()
+	}
+	for _, ep := range eps {
+		for _, q := range []string{ep.Name(), ep.ErrorQueue} {
+			if q == "" {
+				continue
+			}
+			sub, err := t.subscriber(ctx, q)
+			if err != nil {
+				return err
+			}
+			init, ok := sub.(message.SubscribeInitializer)
+			if !ok {
+				continue
+			}
+			for _, tp := range t.topics(q) {
+				if err := init.SubscribeInitialize(tp.name); err != nil {
+					return fmt.Errorf("wmpubsub: initialize topic %q of queue %q: %w", tp.name, q, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (t *Transport) subscriber(ctx context.Context, queue string) (message.Subscriber, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("wmpubsub: transport closed")
+	}
+	if s := t.subs[queue]; s != nil {
+		return s, nil
+	}
+	s, err := t.cfg.Subscriber(ctx, queue)
+	if err != nil {
+		return nil, fmt.Errorf("wmpubsub: open subscriber of queue %q: %w", queue, err)
+	}
+	t.subs[queue] = s
+	return s, nil
+}
+
+// topic is one topic a queue consumes, and the type it carries ("" for
+// the queue's own topic).
+type topic struct{ name, typ string }
+
+// topics returns the topics queue consumes: its own, then one per
+// consumed type and per extra binding of the endpoint named queue.
+func (t *Transport) topics(queue string) []topic {
+	out := []topic{{name: t.cfg.Topics.Queue(queue)}}
+	t.mu.Lock()
+	ep := t.eps[queue]
+	t.mu.Unlock()
+	if ep == nil {
+		return out
+	}
+	seen := map[string]bool{out[0].name: true}
+	add := func(typ string) {
+		n := t.cfg.Topics.Type(typ)
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, topic{name: n, typ: typ})
+		}
+	}
+	for _, typ := range ep.MessageTypes() {
+		add(typ)
+	}
+	for _, b := range ep.Bindings {
+		add(b.Exchange)
+	}
+	return out
+}
+
+// TopicOf returns the topic a message to destination ("exchange:T",
+// "queue:Q") is published to.
+func (t *Transport) TopicOf(destination string) string {
+	kind, name := wire.ParseDestination(destination)
+	if kind == "exchange" {
+		return t.cfg.Topics.Type(name)
+	}
+	return t.cfg.Topics.Queue(name)
+}
+
+// Deliver publishes each message to its destination's topic, one at a
+// time: each error is the publisher's for that message.
+func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	errs := make([]error, len(msgs))
+	t.mu.Lock()
+	pub, closed := t.pub, t.closed
+	t.mu.Unlock()
+	for i, m := range msgs {
+		switch {
+		case closed:
+			errs[i] = fmt.Errorf("wmpubsub: closed: %w", outbox.ErrTransportUnavailable)
+			continue
+		case pub == nil:
+			errs[i] = fmt.Errorf("wmpubsub: not started: %w", outbox.ErrTransportUnavailable)
+			continue
+		case ctx.Err() != nil:
+			errs[i] = fmt.Errorf("wmpubsub: %w: %w", ctx.Err(), outbox.ErrTransportUnavailable)
+			continue
+		}
+		tp := t.TopicOf(m.Destination)
+		wm := ToMessage(m)
+		wm.SetContext(ctx)
+		if err := pub.Publish(tp, wm); err != nil {
+			errs[i] = t.classify(ctx, fmt.Errorf("wmpubsub: publish %q to topic %q: %w", m.MessageID, tp, err))
+		}
+	}
+	return errs
+}
+
+// classify charges err to the connection when Health fails.
+func (t *Transport) classify(ctx context.Context, err error) error {
+	if t.cfg.Health == nil {
+		return err
+	}
+	if herr := t.cfg.Health(ctx); herr != nil {
+		return fmt.Errorf("%w (%v): %w", err, herr, outbox.ErrTransportUnavailable)
+	}
+	return err
+}
+
+// ToMessage returns the Watermill message the adapter publishes for m:
+// UUID = message id, metadata = m's headers plus its type, content type,
+// correlation id and destination under the bus's header names.
+func ToMessage(m *outbox.Message) *message.Message {
+	h := transport.Headers(m, 1)
+	if m.Destination != "" {
+		h[wire.HeaderDestination] = m.Destination
+	}
+	// The stock marshalers write the UUID there themselves, and
+	// watermill-redisstream refuses a message whose metadata has it.
+	delete(h, wire.HeaderWatermillUUID)
+	wm := message.NewMessage(m.MessageID, m.Payload)
+	wm.Metadata = h
+	return wm
+}
+
+// Subscriber returns the subscriber the bus consumes with.
+func (t *Transport) Subscriber() message.Subscriber { return (*subscriber)(t) }
+
+// Health calls Config.Health.
+func (t *Transport) Health(ctx context.Context) error {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return errors.New("wmpubsub: transport closed")
+	}
+	if t.cfg.Health == nil {
+		return nil
+	}
+	return t.cfg.Health(ctx)
+}
+
+// Close stops consuming, hands every unsettled delivery back (nack) and
+// closes the subscribers, the publisher and what the preset opened.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	// The consumers first (no new verdict to relay after them), then the
+	// relays, which hand unsettled deliveries back now that t.ctx is done.
+	_ = t.book.Close()
+	t.bridge.Wait()
+	t.mu.Lock()
+	subs, pub := maps.Clone(t.subs), t.pub
+	t.mu.Unlock()
+	var errs []error
+	for q, s := range subs {
+		if err := s.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("wmpubsub: close subscriber of %q: %w", q, err))
+		}
+	}
+	if pub != nil {
+		if err := pub.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("wmpubsub: close publisher: %w", err))
+		}
+	}
+	if t.cfg.OnClose != nil {
+		if err := t.cfg.OnClose(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type subscriber Transport
+
+// Subscribe starts one competing consumer of queue: one subscription per
+// topic of the queue, merged into one channel.
+func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
+	t := (*Transport)(s)
+	sub, err := t.subscriber(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	topics := t.topics(queue)
+	return t.book.Start(ctx, queue, func() (func(), error) { return func() {}, nil },
+		func(ctx context.Context, out chan<- *message.Message) {
+			var wg sync.WaitGroup
+			for _, tp := range topics {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					t.consume(ctx, sub, queue, tp, out)
+				}()
+			}
+			wg.Wait()
+		})
+}
+
+func (s *subscriber) Close() error { return nil }
+
+// resubscribeDelay is the wait before subscribing again to a topic whose
+// subscription failed or ended while its consumer was still wanted.
+const resubscribeDelay = time.Second
+
+// consume subscribes to one topic of queue until ctx is done: a failed
+// subscription, or one the inner subscriber ended on its own (a lost
+// connection), is made again after resubscribeDelay, so that a topic is
+// never left unconsumed.
+func (t *Transport) consume(ctx context.Context, sub message.Subscriber, queue string, tp topic, out chan<- *message.Message) {
+	for {
+		in, err := sub.Subscribe(ctx, tp.name)
+		if err != nil {
+			t.log.Error("subscribe failed; trying again", "queue", queue, "topic", tp.name, "error", err)
+		} else {
+			t.forward(ctx, queue, tp, in, out)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			t.log.Warn("subscription ended; subscribing again", "queue", queue, "topic", tp.name)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(resubscribeDelay):
+		}
+	}
+}
+
+// forward hands each message of in to out, mapped onto the bus's
+// metadata, and relays the consumer's verdict to the inner message.
+func (t *Transport) forward(ctx context.Context, queue string, tp topic, in <-chan *message.Message, out chan<- *message.Message) {
+	for inner := range in {
+		msg := t.fromInner(queue, tp, inner)
+		select {
+		case out <- msg:
+		case <-ctx.Done():
+			inner.Nack()
+			continue // drain: the inner subscriber closes in once it sees ctx
+		}
+		t.bridge.Add(1)
+		go t.settle(queue, tp, inner, msg)
+	}
+}
+
+// settle waits for the consumer's verdict on msg and applies it to inner.
+// When the transport closes first, inner is handed back.
+func (t *Transport) settle(queue string, tp topic, inner, msg *message.Message) {
+	defer t.bridge.Done()
+	select {
+	case <-msg.Acked():
+		inner.Ack()
+	case <-msg.Nacked():
+		t.noteNack(queue, msg.UUID)
+		if t.cfg.Semantics.NackRedelivers {
+			inner.Nack()
+			return
+		}
+		t.republish(queue, inner)
+	case <-t.ctx.Done():
+		inner.Nack()
+	}
+}
+
+// republish sends inner again to its queue's topic and acknowledges it,
+// for a Pub/Sub whose nack does not redeliver. When the publish fails the
+// inner message is nacked, whatever that does.
+func (t *Transport) republish(queue string, inner *message.Message) {
+	t.mu.Lock()
+	pub := t.pub
+	t.mu.Unlock()
+	again := message.NewMessage(inner.UUID, inner.Payload)
+	again.Metadata = maps.Clone(inner.Metadata)
+	delete(again.Metadata, wire.HeaderWatermillUUID)
+	if pub == nil || pub.Publish(t.cfg.Topics.Queue(queue), again) != nil {
+		inner.Nack()
+		return
+	}
+	inner.Ack()
+}
+
+func (t *Transport) noteNack(queue, id string) {
+	if id == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.nacked) >= maxNacked {
+		clear(t.nacked)
+	}
+	t.nacked[queue+"\x00"+id] = struct{}{}
+}
+
+func (t *Transport) wasNacked(queue, id string) bool {
+	if id == "" {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := queue + "\x00" + id
+	_, ok := t.nacked[k]
+	delete(t.nacked, k)
+	return ok
+}
+
+// fromInner maps a received Watermill message onto what the bus reads.
+func (t *Transport) fromInner(queue string, tp topic, inner *message.Message) *message.Message {
+	md := make(message.Metadata, len(inner.Metadata)+4)
+	maps.Copy(md, inner.Metadata)
+	id := inner.UUID
+	if id == "" {
+		id = md.Get(wire.HeaderMessageID)
+	}
+	delete(md, wire.HeaderWatermillUUID)
+	if id != "" {
+		md.Set(wire.HeaderMessageID, id)
+	}
+	if md.Get(wire.HeaderMessageType) == "" {
+		if n := md.Get(wire.HeaderWatermillName); n != "" {
+			md.Set(wire.HeaderMessageType, n)
+		} else if tp.typ != "" {
+			md.Set(wire.HeaderMessageType, tp.typ)
+		}
+	}
+	if md.Get(wire.HeaderDestination) == "" {
+		if tp.typ != "" {
+			md.Set(wire.HeaderDestination, wire.ExchangePrefix+tp.typ)
+		} else {
+			md.Set(wire.HeaderDestination, wire.QueuePrefix+queue)
+		}
+	}
+	if t.wasNacked(queue, id) {
+		md.Set(transport.MetaRedelivered, "true")
+	}
+	if md.Get(transport.MetaRedelivered) == "" {
+		md.Set(transport.MetaRedelivered, "false")
+	}
+	msg := message.NewMessage(id, inner.Payload)
+	msg.Metadata = md
+	msg.SetContext(inner.Context())
+	return msg
+}

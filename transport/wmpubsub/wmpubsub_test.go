@@ -1,0 +1,177 @@
+package wmpubsub_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/wire"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/wmpubsub"
+)
+
+func build(f transport.Factory) (transport.Transport, error) {
+	return f.Build(transport.Env{Logger: slog.New(slog.DiscardHandler), RelayLease: time.Minute})
+}
+
+func TestBuildRefusesMissingPubSubAndBrokerSettings(t *testing.T) {
+	_, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.ReceiveEndpoint("billing", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(context.Context, *endpoint.Delivery) error { return nil })
+			e.Bind("audit", "key")
+		})
+	}))
+	if err == nil {
+		t.Fatal("Build accepted a config without publisher or subscriber")
+	}
+	for _, want := range []string{"Config.Publisher is nil", "Config.Subscriber is nil", "routing key"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Build error %q does not mention %q", err, want)
+		}
+	}
+}
+
+func TestToMessageCarriesIdTypeAndHeaders(t *testing.T) {
+	m := wmpubsub.ToMessage(&outbox.Message{
+		MessageID: "id-1", MessageType: "T", ContentType: "application/json", CorrelationID: "c",
+		Destination: "exchange:T", Payload: []byte("{}"),
+		Headers: map[string]string{"x": "y", wire.HeaderWatermillUUID: "spoofed"},
+	})
+	if m.UUID != "id-1" || string(m.Payload) != "{}" {
+		t.Fatalf("message %q %q", m.UUID, m.Payload)
+	}
+	for k, v := range map[string]string{
+		wire.HeaderMessageType: "T", wire.HeaderContentType: "application/json", wire.HeaderCorrelationID: "c",
+		wire.HeaderDestination: "exchange:T", "x": "y", wire.HeaderMessageID: "id-1",
+	} {
+		if g := m.Metadata.Get(k); g != v {
+			t.Errorf("%s = %q, want %q", k, g, v)
+		}
+	}
+	if _, ok := m.Metadata[wire.HeaderWatermillUUID]; ok {
+		t.Error("metadata keeps _watermill_message_uuid, which the stock marshalers own")
+	}
+}
+
+type failingPub struct{}
+
+func (failingPub) Publish(string, ...*message.Message) error { return errors.New("boom") }
+func (failingPub) Close() error                              { return nil }
+
+type nopSub struct{}
+
+func (nopSub) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return make(chan *message.Message), nil
+}
+func (nopSub) Close() error { return nil }
+
+// TestPublishErrorChargedToConnectionOnlyWhileUnhealthy: a publish error is
+// the message's own while Health is nil, and the connection's (retried by
+// the relay uncounted) while Health fails.
+func TestPublishErrorChargedToConnectionOnlyWhileUnhealthy(t *testing.T) {
+	var healthErr error
+	tr, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return failingPub{}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return nopSub{}, nil }
+		c.Health = func(context.Context) error { return healthErr }
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx := context.Background()
+	if err := tr.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	msg := []*outbox.Message{{MessageID: "m", MessageType: "T", Destination: "exchange:T"}}
+	if err := tr.Deliver(ctx, msg)[0]; err == nil || errors.Is(err, outbox.ErrTransportUnavailable) {
+		t.Errorf("healthy: %v, want the message's own error", err)
+	}
+	healthErr = errors.New("down")
+	if err := tr.Deliver(ctx, msg)[0]; !errors.Is(err, outbox.ErrTransportUnavailable) {
+		t.Errorf("unhealthy: %v, want ErrTransportUnavailable", err)
+	}
+}
+
+// flakySub fails its first Subscribe and ends its second subscription at
+// once; the third stays.
+type flakySub struct {
+	calls chan int
+	n     int
+	msgs  chan *message.Message
+}
+
+func (s *flakySub) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
+	s.n++
+	s.calls <- s.n
+	switch s.n {
+	case 1:
+		return nil, errors.New("server unreachable")
+	case 2:
+		ch := make(chan *message.Message)
+		close(ch)
+		return ch, nil
+	}
+	// Like a real subscriber: the channel closes once ctx is done.
+	ch := make(chan *message.Message)
+	go func() {
+		defer close(ch)
+		for {
+			select {
+			case m := <-s.msgs:
+				select {
+				case ch <- m:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch, nil
+}
+func (s *flakySub) Close() error { return nil }
+
+// TestSubscriptionRetriedUntilItHolds: a topic whose subscription fails,
+// or ends on its own, is subscribed again, and its messages then flow.
+func TestSubscriptionRetriedUntilItHolds(t *testing.T) {
+	sub := &flakySub{calls: make(chan int, 8), msgs: make(chan *message.Message, 1)}
+	tr, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return failingPub{}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return sub, nil }
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := tr.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tr.Subscriber().Subscribe(ctx, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.msgs <- message.NewMessage("m1", []byte("x"))
+	select {
+	case m := <-out:
+		if m.UUID != "m1" {
+			t.Fatalf("got %q", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message after the subscription failed and ended: not subscribed again")
+	}
+	if n := len(sub.calls); n != 3 {
+		t.Errorf("Subscribe called %d times, want 3", n)
+	}
+}

@@ -1,0 +1,50 @@
+package wmredis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/transporttest"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmredis"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func deleteStreams(t *testing.T, addr string, queues, types []string) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	var keys []string
+	for _, q := range queues {
+		keys = append(keys, wmredis.QueuePrefix+q)
+	}
+	keys = append(keys, types...)
+	if err := c.Del(context.Background(), keys...).Err(); err != nil {
+		t.Logf("cleanup: %v", err)
+	}
+}
+
+// TestConformance runs the seam's conformance suite on the local Redis. A
+// short MaxIdleTime lets the next instance claim the delivery in flight at
+// Close within the suite's timeout.
+func TestConformance(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	transporttest.Run(t, transporttest.Config{
+		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
+			return wmredis.New(addr, func(c *wmredis.Config) {
+				declare(&c.Endpoints)
+				c.MaxIdleTime = time.Second
+				c.ClaimInterval = 500 * time.Millisecond
+				c.NackResendSleep = 10 * time.Millisecond
+			})
+		},
+		Durable: true,
+		Cleanup: func(t *testing.T, queues, types []string) { deleteStreams(t, addr, queues, types) },
+	})
+}

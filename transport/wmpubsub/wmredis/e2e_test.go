@@ -1,0 +1,67 @@
+package wmredis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/wmpubsub/internal/e2etest"
+	"github.com/barewire-go/barewire/transport/wmpubsub/wmredis"
+)
+
+// TestEndToEnd runs the bus on Redis Streams with the inbox and outbox on
+// PostgreSQL. The Slow case holds a message past a 1s MaxIdleTime: another
+// subscription claims it (XPENDING + XCLAIM) while the first delivery runs.
+// The message without a UUID is an XADD with no _watermill_message_uuid
+// field at all, which watermill-redisstream's own unmarshaller refuses
+// (leaving it pending, to be claimed again and again).
+func TestEndToEnd(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	e2etest.Run(t, e2etest.Config{
+		New: func(t *testing.T, slow bool, declare func(*endpoint.Endpoints)) transport.Factory {
+			return wmredis.New(addr, func(c *wmredis.Config) {
+				declare(&c.Endpoints)
+				c.MaxIdleTime = 10 * time.Second
+				if slow {
+					c.MaxIdleTime = time.Second
+					c.ClaimInterval = 200 * time.Millisecond
+				}
+			})
+		},
+		Inject: func(t *testing.T, topic string, msg *message.Message) {
+			if msg.UUID == "" {
+				c := redis.NewClient(&redis.Options{Addr: addr})
+				defer c.Close()
+				if err := c.XAdd(context.Background(), &redis.XAddArgs{Stream: topic, Values: map[string]any{"payload": []byte(msg.Payload)}}).Err(); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: redis.NewClient(&redis.Options{Addr: addr})}, watermill.NopLogger{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			if err := pub.Publish(topic, msg); err != nil {
+				t.Fatal(err)
+			}
+		},
+		TypeTopic: func(typ string) string { return typ },
+		Slow:      true,
+		Cleanup: func(t *testing.T, queues, types []string) {
+			var direct []string
+			for _, x := range types {
+				direct = append(direct, x+".direct")
+			}
+			deleteStreams(t, addr, queues, append(types, direct...))
+		},
+	})
+}

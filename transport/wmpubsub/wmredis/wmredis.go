@@ -1,0 +1,151 @@
+package wmredis
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/wmpubsub"
+)
+
+// Config configures the preset: the receive endpoints and the Redis
+// settings.
+type Config struct {
+	endpoint.Endpoints
+
+	// Options are the go-redis options of every client the preset opens;
+	// New sets Addr. Each subscriber and the publisher get a client of
+	// their own (watermill-redisstream closes it with them).
+	Options redis.Options
+	// Consumer names this instance in every consumer group. Keep it
+	// stable across restarts and distinct between instances, so that the
+	// group does not fill up with dead consumers. Defaults to the host
+	// name and the process id.
+	Consumer string
+	// Prefix is put in front of every stream name. Defaults to "".
+	Prefix string
+	// MaxIdleTime is how long a message may stay unacknowledged before
+	// another subscription claims it. Keep it above your slowest consumer:
+	// a claimed message still being processed is handed back by the inbox
+	// until the first delivery finishes. Defaults to 60s.
+	MaxIdleTime time.Duration
+	// ClaimInterval is how often pending messages are looked for.
+	// Defaults to 5s.
+	ClaimInterval time.Duration
+	// NackResendSleep is how long a nacked message waits before it is
+	// delivered again. Defaults to 500ms.
+	NackResendSleep time.Duration
+	// MaxLen caps each stream (XADD MAXLEN ~); 0 keeps every message.
+	// Defaults to 0.
+	MaxLen int64
+}
+
+// New returns a factory for bus.WithTransport running the bus on the Redis
+// server at addr (host:port). configure declares the receive endpoints and
+// may set Config's fields; it may be nil.
+func New(addr string, configure func(c *Config)) transport.Factory {
+	var c Config
+	if configure != nil {
+		configure(&c)
+	}
+	c.Options.Addr = addr
+	if c.Consumer == "" {
+		host, _ := os.Hostname()
+		c.Consumer = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.MaxIdleTime <= 0 {
+		c.MaxIdleTime = 60 * time.Second
+	}
+	if c.ClaimInterval <= 0 {
+		c.ClaimInterval = 5 * time.Second
+	}
+	if c.NackResendSleep <= 0 {
+		c.NackResendSleep = 500 * time.Millisecond
+	}
+	return wmpubsub.New(func(w *wmpubsub.Config) {
+		w.Endpoints = c.Endpoints
+		w.System = "redis"
+		w.Topics = wmpubsub.Topics{
+			Type:  func(s string) string { return c.Prefix + s },
+			Queue: func(s string) string { return c.Prefix + QueuePrefix + s },
+		}
+		w.Semantics = wmpubsub.Semantics{NackRedelivers: true}
+		health := redis.NewClient(&c.Options)
+		w.Publisher = func(context.Context) (message.Publisher, error) {
+			opts := c.Options
+			return redisstream.NewPublisher(redisstream.PublisherConfig{
+				Client: redis.NewClient(&opts), Marshaller: Marshaller{}, DefaultMaxlen: c.MaxLen,
+			}, watermill.NopLogger{})
+		}
+		w.Subscriber = func(_ context.Context, queue string) (message.Subscriber, error) {
+			opts := c.Options
+			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+				Client:                        redis.NewClient(&opts),
+				Unmarshaller:                  Marshaller{},
+				Consumer:                      c.Consumer,
+				ConsumerGroup:                 c.Prefix + queue,
+				NackResendSleep:               c.NackResendSleep,
+				MaxIdleTime:                   c.MaxIdleTime,
+				ClaimInterval:                 c.ClaimInterval,
+				OldestId:                      "0",
+				DisableIndefiniteInitialBlock: true,
+			}, watermill.NopLogger{})
+		}
+		w.Health = func(ctx context.Context) error {
+			if err := health.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("wmredis: ping %s: %w", addr, err)
+			}
+			return nil
+		}
+		w.OnClose = health.Close
+	})
+}
+
+// QueuePrefix is put in front of a queue's name to make its stream's (types
+// keep their names, so that a Watermill-native service publishing to the
+// topic PaymentReceived reaches the endpoints consuming PaymentReceived).
+const QueuePrefix = "queue:"
+
+// Marshaller is watermill-redisstream's default format (UUID, msgpack
+// metadata, payload), read leniently: a message without a UUID is
+// delivered with an empty id (for the endpoint's MissingMessageID policy)
+// and one whose metadata cannot be decoded is delivered with the error in
+// BW-Wire-Error, instead of staying pending and being claimed forever.
+type Marshaller struct{}
+
+// Marshal is redisstream.DefaultMarshallerUnmarshaller's.
+func (Marshaller) Marshal(topic string, msg *message.Message) (map[string]any, error) {
+	return redisstream.DefaultMarshallerUnmarshaller{}.Marshal(topic, msg)
+}
+
+// HeaderWireError holds why a message's metadata could not be read.
+const HeaderWireError = "BW-Wire-Error"
+
+// Unmarshal never fails.
+func (Marshaller) Unmarshal(values map[string]any) (*message.Message, error) {
+	v := make(map[string]any, len(values)+1)
+	for k, x := range values {
+		if s, ok := x.(string); ok {
+			v[k] = s
+		}
+	}
+	if _, ok := v[redisstream.UUIDHeaderKey]; !ok {
+		v[redisstream.UUIDHeaderKey] = ""
+	}
+	msg, err := redisstream.DefaultMarshallerUnmarshaller{}.Unmarshal(v)
+	if err == nil {
+		return msg, nil
+	}
+	payload, _ := v["payload"].(string)
+	msg = message.NewMessage(v[redisstream.UUIDHeaderKey].(string), []byte(payload))
+	msg.Metadata.Set(HeaderWireError, err.Error())
+	return msg, nil
+}
