@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
@@ -343,4 +344,75 @@ func TestRepeatedConnectionFailuresWhileDatabaseAnswersAreCharged(t *testing.T) 
 		t.Errorf("stats %+v", s)
 	}
 	t.Logf("charged and dead-lettered %v after publishing", took)
+}
+
+// TestRabbitDeadLetterOverflowingTheFrameSentWithoutItsHeaders: the
+// defect as it happened on RabbitMQ. A message published by a plain AMQP
+// client with headers that fit one frame fails permanently with a 4 KiB
+// reason; its dead letter, with the fault headers added, no longer fits
+// (the transport refuses it before writing a frame, outbox.ErrUndeliverable),
+// so it goes without the received headers at the next try. Before, it was
+// retried every ≤ 10 s until the bus stopped.
+func TestRabbitDeadLetterOverflowingTheFrameSentWithoutItsHeaders(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	typ := env.typ("PaymentReceived")
+	q := env.q("dl-overflow")
+	dls := newDeadLetters()
+	good := make(chan string, 4)
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			e.ConcurrentMessageLimit = 2
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				if c.Message.PaymentID == "poison" {
+					return endpoint.Permanent(errors.New(strings.Repeat("e", 4000)))
+				}
+				good <- c.MessageID
+				return nil
+			}, endpoint.AsMessageType(typ))
+		})
+		c.ReceiveEndpoint(q+"_error", dls.consumer)
+	})...)
+	ch, err := env.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	began := time.Now()
+	for _, p := range []struct {
+		id, payment string
+		headers     amqp.Table
+	}{
+		{"overflow-" + env.suffix, "poison", amqp.Table{"x-big": strings.Repeat("h", 128_000)}},
+		{"neighbour-" + env.suffix, "neighbour", nil},
+	} {
+		body := fmt.Sprintf(`{"PaymentID":%q,"Amount":1}`, p.payment)
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
+			MessageId: p.id, Type: typ, ContentType: "application/json", Body: []byte(body), Headers: p.headers, DeliveryMode: amqp.Persistent,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if id := receive(t, good, 10*time.Second, "neighbour"); id != "neighbour-"+env.suffix {
+		t.Fatalf("consumed %q", id)
+	}
+	dl := dls.next(t, 15*time.Second, "a dead letter overflowing the frame")
+	took := time.Since(began)
+	if dl.MessageID != "overflow-"+env.suffix || dl.MessageType != typ {
+		t.Errorf("dead letter id %q type %q", dl.MessageID, dl.MessageType)
+	}
+	if _, ok := dl.Headers["x-big"]; ok {
+		t.Error("the dead letter still carries x-big")
+	}
+	if d := dl.Headers[bus.HeaderFaultHeadersDropped]; !strings.Contains(d, "cannot be delivered as it is") {
+		t.Errorf("%s = %q; want the transport's refusal", bus.HeaderFaultHeadersDropped, d)
+	}
+	if r := dl.Headers[bus.HeaderFaultReason]; !strings.Contains(r, "eeee") {
+		t.Errorf("%s = %.80q; want the consumer's error", bus.HeaderFaultReason, r)
+	}
+	waitFor(t, func() bool { return b.Stats().DeadLettered == 1 })
+	if s := b.Stats(); s.DeadLettersReduced != 1 || s.Requeued != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	t.Logf("dead-lettered without its headers %v after publishing", took)
 }
