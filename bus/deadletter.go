@@ -40,7 +40,7 @@ const (
 // (100 ms doubling-ish up to 10 s) while the transport is unavailable; after
 // deadLetterRefusals refusals of the full dead letter the reduced one is
 // tried, and after as many refusals of that it is written to the outbox
-// (in a transaction of its own) for the relay, which retries it per
+// (in a transaction of its own) for the endpoint's error queue, for the relay, which retries it per
 // MaxAttempts and then parks it, where OutboxStore lists it with its last
 // error and Requeue sends it again. Only then is the original acked: the
 // dead letter is on the broker or in the database, never only in memory.
@@ -75,11 +75,17 @@ func (b *Bus) settleDeadLetter(ctx context.Context, ep *endpoint.Endpoint, log *
 					form, m = deadLetterReduced, reducedDeadLetter(dl, err, refusals)
 				} else {
 					form = deadLetterOutbox
-					if m.MessageID == "" { // an outbox row needs an id; the message had none
-						c := *m
+					c := *m
+					if c.MessageID == "" { // an outbox row needs an id; the message had none
 						c.MessageID = wire.NewID()
-						m = &c
 					}
+					// The relay publishes non-mandatory: a row for a dead-letter
+					// exchange that routes nowhere would vanish. The error queue
+					// (always declared) cannot.
+					if ep.Queue.DeadLetterExchange != "" && ep.ErrorQueue != "" {
+						c.Destination, c.RoutingKey = wire.QueuePrefix+ep.ErrorQueue, ""
+					}
+					m = &c
 				}
 				refusals = 0
 				bo.Reset()
