@@ -64,6 +64,11 @@ const (
 	// HeaderFaultUnroutable says why a dead letter is in the error queue
 	// rather than in the endpoint's DeadLetterExchange (it routed nowhere).
 	HeaderFaultUnroutable = wire.HeaderFaultUnroutable
+	// HeaderFaultHeadersDropped is on a dead letter the transport refused
+	// with the received message's headers (headers that no longer fit a
+	// frame once the fault headers are added, say): it was sent without
+	// them, and this says how many were dropped and the transport's error.
+	HeaderFaultHeadersDropped = wire.HeaderFaultHeadersDropped
 	// HeaderRedeliveryCount counts delayed redeliveries (Endpoint.Redelivery).
 	HeaderRedeliveryCount = wire.HeaderRedeliveryCount
 	// HeaderDestination is where a received message was sent

@@ -149,13 +149,22 @@ func (b *Bus) handle(ctx context.Context, ep *endpoint.Endpoint, disp *dispatche
 	}
 	dl := deadLetter(ep, msg, err, attempts)
 	d.faultHeaders = maps.Clone(dl.Headers)
-	if dlErr := b.settle(ctx, log, "dead-lettering", func(sctx context.Context) error {
-		return b.deliverDeadLetter(sctx, ep, dl)
-	}); dlErr != nil {
+	form, dlErr := b.settleDeadLetter(ctx, ep, log, dl)
+	if dlErr != nil {
 		return OutcomeRequeued
 	}
-	log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", d.messageType,
-		"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	d.deadLetterForm = form
+	switch form {
+	case deadLetterFull:
+		log.WarnContext(ctx, "message dead-lettered", "message_id", quoteIfBad(msg.UUID), "message_type", d.messageType,
+			"attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	case deadLetterReduced:
+		log.WarnContext(ctx, "message dead-lettered without its headers: the transport refused them", "message_id", quoteIfBad(msg.UUID),
+			"message_type", d.messageType, "attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	default:
+		log.ErrorContext(ctx, "the transport refused the dead letter, even without its headers; written to the outbox, where the relay retries it and then parks it (OutboxStore lists it)",
+			"message_id", quoteIfBad(msg.UUID), "message_type", d.messageType, "attempts", attempts, "error", err, "error_queue", ep.ErrorQueue)
+	}
 	b.answerFault(ctx, ep, msg, dl, log)
 	return OutcomeDeadLettered
 }

@@ -134,7 +134,10 @@ type delivery struct {
 	attempt      atomic.Int64      // the attempt running, or the last one; 0 before the first
 	lastErr      error             // the last failed attempt's error
 	faultHeaders map[string]string // what the dead letter carries
-	outcome      string            // Outcome*, set before handled
+	// deadLetterForm is how the dead letter left: deadLetterFull (""),
+	// deadLetterReduced or deadLetterOutbox.
+	deadLetterForm string
+	outcome        string // Outcome*, set before handled
 
 	// telemetry.go's: the process span and the metric attributes.
 	span  trace.Span

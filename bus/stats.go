@@ -20,6 +20,14 @@ type Stats struct {
 	Redelivered int64
 	// DeadLettered counts messages moved to a dead-letter destination.
 	DeadLettered int64
+	// DeadLettersReduced counts the dead letters (within DeadLettered) sent
+	// without the received message's headers because the transport refused
+	// them with them (BW-Fault-HeadersDropped).
+	DeadLettersReduced int64
+	// DeadLettersToOutbox counts the dead letters (within DeadLettered) the
+	// transport refused even without those headers: each was written to the
+	// outbox for the relay, which parks it after MaxAttempts.
+	DeadLettersToOutbox int64
 	// Requeued counts deliveries handed back to the broker when the bus
 	// stopped before they reached a verdict (waiting for a busy inbox entry
 	// or for the database, or retrying a dead letter the transport refused).
@@ -38,6 +46,7 @@ type counters struct {
 	nopObserver
 	consumed, duplicates, retries, redelivered, deadLettered, requeued, inFlight atomic.Int64
 	responsesDropped                                                             atomic.Int64
+	deadLettersReduced, deadLettersToOutbox                                      atomic.Int64
 }
 
 func (c *counters) started(ctx context.Context, _ *delivery) context.Context {
@@ -57,6 +66,12 @@ func (c *counters) handled(_ context.Context, d *delivery) {
 		c.redelivered.Add(1)
 	case OutcomeDeadLettered:
 		c.deadLettered.Add(1)
+		switch d.deadLetterForm {
+		case deadLetterReduced:
+			c.deadLettersReduced.Add(1)
+		case deadLetterOutbox:
+			c.deadLettersToOutbox.Add(1)
+		}
 	case OutcomeRequeued:
 		c.requeued.Add(1)
 	}
@@ -66,13 +81,15 @@ func (c *counters) handled(_ context.Context, d *delivery) {
 // Stats returns the counters.
 func (b *Bus) Stats() Stats {
 	return Stats{
-		Consumed:         b.ctr.consumed.Load(),
-		Duplicates:       b.ctr.duplicates.Load(),
-		Retries:          b.ctr.retries.Load(),
-		Redelivered:      b.ctr.redelivered.Load(),
-		DeadLettered:     b.ctr.deadLettered.Load(),
-		Requeued:         b.ctr.requeued.Load(),
-		InFlight:         b.ctr.inFlight.Load(),
-		ResponsesDropped: b.ctr.responsesDropped.Load(),
+		Consumed:            b.ctr.consumed.Load(),
+		Duplicates:          b.ctr.duplicates.Load(),
+		Retries:             b.ctr.retries.Load(),
+		Redelivered:         b.ctr.redelivered.Load(),
+		DeadLettered:        b.ctr.deadLettered.Load(),
+		Requeued:            b.ctr.requeued.Load(),
+		DeadLettersReduced:  b.ctr.deadLettersReduced.Load(),
+		DeadLettersToOutbox: b.ctr.deadLettersToOutbox.Load(),
+		InFlight:            b.ctr.inFlight.Load(),
+		ResponsesDropped:    b.ctr.responsesDropped.Load(),
 	}
 }

@@ -33,6 +33,7 @@ const (
 	attrMessageType = attribute.Key("message_type")
 	attrDestination = attribute.Key("destination")
 	attrOutcome     = attribute.Key("outcome")
+	attrFallback    = attribute.Key("fallback")
 	attrTablePrefix = attribute.Key("table_prefix")
 	attrReason      = attribute.Key("reason")
 )
@@ -126,6 +127,8 @@ type telemetry struct {
 
 	// barewire.responses.dropped (request.go)
 	respDropped metric.Int64Counter
+	// barewire.messages.dead_letter_fallbacks, by fallback
+	msgDeadLetterFallbacks metric.Int64Counter
 
 	msgInFlight     metric.Int64UpDownCounter
 	dbOutages       metric.Int64Counter
@@ -237,6 +240,7 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 	t.msgRetried = counter("barewire.messages.retried", "Failed attempts retried in process.")
 	t.msgRedelivered = counter("barewire.messages.redelivered", "Messages handed back for a delayed redelivery.")
 	t.msgDeadLettered = counter("barewire.messages.dead_lettered", "Messages moved to a dead-letter destination.")
+	t.msgDeadLetterFallbacks = counter("barewire.messages.dead_letter_fallbacks", "Dead letters the transport refused as they were: sent without the received message's headers (fallback=reduced) or, refused even so, written to the outbox (fallback=outbox).")
 	t.msgDuplicates = counter("barewire.messages.duplicates", "Deliveries the inbox skipped as already processed.")
 	t.respDropped = counter("barewire.responses.dropped", "Responses dropped: reason=late (the request had timed out or was cancelled) or reason=unroutable (the requester's reply queue is gone).")
 
@@ -584,6 +588,10 @@ func (t *telemetry) handled(ctx context.Context, d *delivery) {
 	case OutcomeDeadLettered:
 		t.msgDeadLettered.Add(ctx, 1, d.attrs.add...)
 		d.span.SetStatus(codes.Error, "dead-lettered")
+		if d.deadLetterForm != deadLetterFull {
+			t.msgDeadLetterFallbacks.Add(ctx, 1, metric.WithAttributes(d.attrs.attrs[0], d.attrs.attrs[1], attrFallback.String(d.deadLetterForm)))
+			d.span.AddEvent("dead letter fallback", trace.WithAttributes(attrFallback.String(d.deadLetterForm)))
+		}
 	}
 	t.msgInFlight.Add(ctx, -1, d.attrs.add...)
 	t.handlerDuration.Record(ctx, time.Since(d.start).Seconds(),

@@ -41,6 +41,10 @@ const (
 	// HeaderFaultUnroutable is set on a dead letter that went to the error
 	// queue because the endpoint's dead-letter exchange routed it nowhere.
 	HeaderFaultUnroutable = "BW-Fault-Unroutable"
+	// HeaderFaultHeadersDropped is set on a dead letter sent without the
+	// received message's headers because the transport refused it with
+	// them; it says how many were dropped and the transport's error.
+	HeaderFaultHeadersDropped = "BW-Fault-HeadersDropped"
 
 	// HeaderRedeliveryCount counts second-level (delayed) redeliveries.
 	HeaderRedeliveryCount = "BW-Redelivery-Count"
