@@ -17,7 +17,10 @@ import (
 	"github.com/barewire-go/barewire/transport"
 )
 
-var _ transport.Transport = (*Transport)(nil)
+var (
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.ReplyQueues = (*Transport)(nil)
+)
 
 // Config configures the adapter: the receive endpoints (through the
 // embedded Endpoints, as on every transport) and what the adapter cannot
@@ -137,7 +140,8 @@ func (f *Factory) Build(env transport.Env) (transport.Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Transport{cfg: c, log: log.With("transport", c.System), ctx: ctx, cancel: cancel,
-		subs: map[string]message.Subscriber{}, eps: map[string]*endpoint.Endpoint{}, nacked: map[string]struct{}{}}
+		subs: map[string]message.Subscriber{}, eps: map[string]*endpoint.Endpoint{}, nacked: map[string]struct{}{},
+		replies: map[string]replyQueue{}}
 	t.book = transport.NewSubscriptions(ctx, "wmpubsub")
 	return t, nil
 }
@@ -156,6 +160,10 @@ type Transport struct {
 	subs   map[string]message.Subscriber // by queue
 	eps    map[string]*endpoint.Endpoint
 	closed bool
+	// replies holds the reply queues declared and not deleted yet, each
+	// with the cancel of its consumers' context (DeleteReplyQueue stops
+	// them, so that none resubscribes to a closed subscriber).
+	replies map[string]replyQueue
 	// nacked holds "queue\x00id" of messages nacked by a consumer of
 	// queue, so that their next delivery is flagged redelivered where the
 	// Pub/Sub does not say so itself. Bounded by maxNacked.
@@ -190,20 +198,100 @@ func (t *Transport) Start(ctx context.Context, eps []*endpoint.Endpoint) error {
 			if q == "" {
 				continue
 			}
-			sub, err := t.subscriber(ctx, q)
-			if err != nil {
+			if err := t.initialize(ctx, q); err != nil {
 				return err
 			}
-			init, ok := sub.(message.SubscribeInitializer)
-			if !ok {
-				continue
-			}
-			for _, tp := range t.topics(q) {
-				if err := init.SubscribeInitialize(tp.name); err != nil {
-					return fmt.Errorf("wmpubsub: initialize topic %q of queue %q: %w", tp.name, q, err)
-				}
-			}
 		}
+	}
+	return nil
+}
+
+// initialize opens the subscriber of queue and initializes each of its
+// topics where the subscriber can (message.SubscribeInitializer), so that
+// nothing published to them before the first Subscribe is lost.
+func (t *Transport) initialize(ctx context.Context, queue string) error {
+	sub, err := t.subscriber(ctx, queue)
+	if err != nil {
+		return err
+	}
+	init, ok := sub.(message.SubscribeInitializer)
+	if !ok {
+		return nil
+	}
+	for _, tp := range t.topics(queue) {
+		if err := init.SubscribeInitialize(tp.name); err != nil {
+			return fmt.Errorf("wmpubsub: initialize topic %q of queue %q: %w", tp.name, queue, err)
+		}
+	}
+	return nil
+}
+
+// replyQueue is a declared reply queue: its consumers run under ctx.
+type replyQueue struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// DeclareReplyQueue makes name a queue like any other: topic
+// Topics.Queue(name), consumed through Config.Subscriber with name's own
+// consumer group (the bus picks a name unique to the instance). It opens
+// the queue's subscriber and initializes its topic where the subscriber
+// can, as Start does for an endpoint, so that a response published before
+// the bus's first Subscribe is kept; a subscription that ends is made
+// again on the same subscriber and consumer group, like an endpoint's.
+// Declaring a declared queue again does nothing.
+func (t *Transport) DeclareReplyQueue(ctx context.Context, name string) error {
+	if name == "" {
+		return errors.New("wmpubsub: declare reply queue: empty name")
+	}
+	t.mu.Lock()
+	_, declared := t.replies[name]
+	started := t.pub != nil
+	t.mu.Unlock()
+	if declared {
+		return nil
+	}
+	if !started {
+		return fmt.Errorf("wmpubsub: declare reply queue %q: transport not started: %w", name, outbox.ErrTransportUnavailable)
+	}
+	if err := t.initialize(ctx, name); err != nil {
+		return fmt.Errorf("wmpubsub: declare reply queue: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.New("wmpubsub: declare reply queue: transport closed")
+	}
+	if _, ok := t.replies[name]; !ok {
+		rctx, cancel := context.WithCancel(t.ctx)
+		t.replies[name] = replyQueue{ctx: rctx, cancel: cancel}
+	}
+	return nil
+}
+
+// DeleteReplyQueue stops the consumers of reply queue name and closes its
+// subscriber. The topic itself stays where the Pub/Sub keeps topics (a
+// JetStream stream, a Redis stream, a RabbitMQ queue): a response sent to
+// it later is published without waiting and read by no one.
+func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
+	t.mu.Lock()
+	rq, ok := t.replies[name]
+	delete(t.replies, name)
+	var sub message.Subscriber
+	if ok {
+		sub = t.subs[name]
+		delete(t.subs, name)
+	}
+	t.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	rq.cancel()
+	if sub == nil {
+		return nil
+	}
+	if err := sub.Close(); err != nil {
+		return fmt.Errorf("wmpubsub: close subscriber of reply queue %q: %w", name, err)
 	}
 	return nil
 }
@@ -387,8 +475,17 @@ func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 		return nil, err
 	}
 	topics := t.topics(queue)
+	t.mu.Lock()
+	rq, isReply := t.replies[queue]
+	t.mu.Unlock()
 	return t.book.Start(ctx, queue, func() (func(), error) { return func() {}, nil },
 		func(ctx context.Context, out chan<- *message.Message) {
+			if isReply { // DeleteReplyQueue stops it
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer context.AfterFunc(rq.ctx, cancel)()
+				defer cancel()
+			}
 			var wg sync.WaitGroup
 			for _, tp := range topics {
 				wg.Add(1)
