@@ -12,8 +12,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,6 +75,7 @@ func Run(t *testing.T, c Config) {
 		}
 		slow(t, c)
 	})
+	t.Run("RequestResponse", func(t *testing.T) { requestResponse(t, c) })
 }
 
 type env struct {
@@ -84,6 +87,7 @@ type env struct {
 
 	mu      sync.Mutex
 	handled map[string]map[string]int // endpoint → outcome → count
+	replies []string                  // reply queues the buses declared
 }
 
 func newEnv(t *testing.T, c Config) *env {
@@ -124,8 +128,18 @@ func (e *env) start(slow bool, queues, types []string, declare func(*endpoint.En
 	if e.c.Cleanup != nil {
 		t.Cleanup(func() { e.c.Cleanup(t, append(queues, errorQueues(queues)...), types) })
 	}
+	if e.c.Cleanup != nil { // after Stop, which has declared its reply queue by then
+		t.Cleanup(func() {
+			e.mu.Lock()
+			replies := append([]string(nil), e.replies...)
+			e.mu.Unlock()
+			if len(replies) > 0 {
+				e.c.Cleanup(t, replies, nil)
+			}
+		})
+	}
 	b, err := bus.New(
-		bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithLogger(slog.New(replyRecorder{e})),
 		bus.WithDatabase(e.db),
 		bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 100 * time.Millisecond }),
 		bus.WithObserver(func(ev bus.Event) {
@@ -423,4 +437,135 @@ func slow(t *testing.T, c Config) {
 		}
 	}
 	t.Logf("outcomes: %v", e.outcomes())
+}
+
+// replyRecorder is the buses' log handler: it drops every record but notes
+// the name of each reply queue declared ("reply queue declared", queue=),
+// for the cleanup.
+type replyRecorder struct{ e *env }
+
+func (replyRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h replyRecorder) WithAttrs([]slog.Attr) slog.Handler     { return h }
+func (h replyRecorder) WithGroup(string) slog.Handler          { return h }
+func (h replyRecorder) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "reply queue declared" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "queue" {
+			h.e.mu.Lock()
+			h.e.replies = append(h.e.replies, a.Value.String())
+			h.e.mu.Unlock()
+			return false
+		}
+		return true
+	})
+	return nil
+}
+
+// Ping is the test's request; Pong its response.
+type Ping struct {
+	N    int    `json:"n"`
+	From string `json:"from"`
+}
+
+// Pong is the response to a Ping.
+type Pong struct {
+	N    int    `json:"n"`
+	From string `json:"from"`
+}
+
+func doubler(ep, typ string, fn func(ctx context.Context, c *endpoint.Context[Ping]) error, configure ...func(*endpoint.Endpoint)) func(*endpoint.Endpoints) {
+	return func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(ep, func(e *endpoint.Endpoint) {
+			for _, f := range configure {
+				f(e)
+			}
+			endpoint.Consumer(e, fn, endpoint.AsMessageType(typ))
+		})
+	}
+}
+
+func double(ctx context.Context, c *endpoint.Context[Ping]) error {
+	return c.Respond(ctx, Pong{N: 2 * c.Message.N, From: c.Message.From})
+}
+
+// requestResponse runs bus.Request over the preset's reply queues: a round
+// trip, a consumer's fault coming back as *bus.RequestFaultError, and three
+// bus instances sharing one endpoint, requesting concurrently, each getting
+// its own answers.
+func requestResponse(t *testing.T, c Config) {
+	t.Run("RoundTrip", func(t *testing.T) {
+		e := newEnv(t, c)
+		ep, typ := e.name("rr-double"), e.name("Ping")
+		b := e.start(false, []string{ep}, []string{typ}, doubler(ep, typ, double))
+		for i := 1; i <= 3; i++ {
+			resp, err := bus.Request[Pong](context.Background(), b, ep, Ping{N: i},
+				bus.WithRequestHeaders(bus.Headers{bus.HeaderMessageType: typ}), bus.WithRequestTimeout(20*time.Second))
+			if err != nil {
+				t.Fatalf("Request %d: %v", i, err)
+			}
+			if resp.N != 2*i {
+				t.Fatalf("Request %d: response %+v, want N=%d", i, resp, 2*i)
+			}
+		}
+	})
+
+	t.Run("FaultPropagated", func(t *testing.T) {
+		e := newEnv(t, c)
+		ep, typ := e.name("rr-fault"), e.name("Ping")
+		b := e.start(false, []string{ep}, []string{typ}, doubler(ep, typ, func(ctx context.Context, c *endpoint.Context[Ping]) error {
+			if c.Message.N < 0 {
+				return endpoint.Permanent(errors.New("negative quantity"))
+			}
+			return fmt.Errorf("validator unavailable for %d", c.Message.N)
+		}, func(e *endpoint.Endpoint) { e.Retry = endpoint.Immediate(1) }))
+		hdr := bus.WithRequestHeaders(bus.Headers{bus.HeaderMessageType: typ})
+		_, err := bus.Request[Pong](context.Background(), b, ep, Ping{N: 7}, hdr, bus.WithRequestTimeout(20*time.Second))
+		var fe *bus.RequestFaultError
+		if !errors.As(err, &fe) {
+			t.Fatalf("Request: %v, want *bus.RequestFaultError", err)
+		}
+		if !strings.Contains(fe.Message, "validator unavailable for 7") || fe.Endpoint != ep || fe.Attempts != 2 {
+			t.Fatalf("fault %+v, want endpoint %q, 2 attempts, the consumer's message", fe, ep)
+		}
+		_, err = bus.Request[Pong](context.Background(), b, ep, Ping{N: -1}, hdr, bus.WithRequestTimeout(20*time.Second))
+		if !errors.As(err, &fe) || fe.Attempts != 1 || !strings.Contains(fe.Message, "negative quantity") {
+			t.Fatalf("permanent: %v (%+v), want a fault after 1 attempt", err, fe)
+		}
+	})
+
+	t.Run("ThreeBusesConcurrentNoCrossedReplies", func(t *testing.T) {
+		e := newEnv(t, c)
+		ep, typ := e.name("rr-shared"), e.name("Ping")
+		const buses, perBus = 3, 8
+		bs := make([]*bus.Bus, buses)
+		for i := range bs {
+			bs[i] = e.start(false, []string{ep}, []string{typ}, doubler(ep, typ, double))
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, buses*perBus)
+		for i, b := range bs {
+			for n := 1; n <= perBus; n++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					from := fmt.Sprintf("bus-%d", i)
+					resp, err := bus.Request[Pong](context.Background(), b, ep, Ping{N: 100*i + n, From: from},
+						bus.WithRequestHeaders(bus.Headers{bus.HeaderMessageType: typ}), bus.WithRequestTimeout(30*time.Second))
+					switch {
+					case err != nil:
+						errs <- fmt.Errorf("%s request %d: %w", from, n, err)
+					case resp.From != from || resp.N != 2*(100*i+n):
+						errs <- fmt.Errorf("%s request %d got %+v: a crossed reply", from, n, resp)
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
 }
