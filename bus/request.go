@@ -43,7 +43,7 @@ var (
 	// ErrRequestUnsupported is returned by Request on a transport that
 	// cannot give the bus a reply queue (one that does not implement
 	// transport.ReplyQueues).
-	ErrRequestUnsupported = errors.New("bus: the transport has no reply queues (transport.ReplyQueues), which requests need; use the RabbitMQ, PostgreSQL or in-process transport")
+	ErrRequestUnsupported = errors.New("bus: the transport has no reply queues (transport.ReplyQueues), which requests need; use the RabbitMQ, PostgreSQL, in-process or Watermill (wmpubsub) transport")
 	// ErrUnexpectedResponse is wrapped by the error of a response whose
 	// message type is not the one Request was asked to decode.
 	ErrUnexpectedResponse = errors.New("bus: unexpected response type")

@@ -35,12 +35,13 @@ type Config struct {
 	// error queue). Every subscription it makes must belong to one
 	// consumer group named after queue, so that two subscriptions of one
 	// queue compete and two queues each get their copy. It is called
-	// once per queue, by Start for each endpoint and its error queue, and
-	// by Subscribe for any other queue; the adapter closes what it
-	// returns. When the subscriber implements
-	// message.SubscribeInitializer, Start initializes every topic of the
-	// queue with it, so that nothing published before the first Subscribe
-	// is lost. Required.
+	// once per queue, by Start for each endpoint and its error queue, by
+	// DeclareReplyQueue for a reply queue, and by Subscribe for any other
+	// queue; the adapter closes what it returns (a reply queue's at
+	// DeleteReplyQueue). When the subscriber implements
+	// message.SubscribeInitializer, Start and DeclareReplyQueue initialize
+	// every topic of the queue with it, so that nothing published before
+	// the first Subscribe is lost. Required.
 	Subscriber func(ctx context.Context, queue string) (message.Subscriber, error)
 	// Topics maps destinations onto topics. Defaults to the names as they
 	// are.
