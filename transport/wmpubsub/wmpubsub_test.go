@@ -175,3 +175,93 @@ func TestSubscriptionRetriedUntilItHolds(t *testing.T) {
 		t.Errorf("Subscribe called %d times, want 3", n)
 	}
 }
+
+// initSub is a subscriber that records its topic initializations and
+// whether it was closed; its subscriptions end with their context.
+type initSub struct {
+	inits  chan string
+	closed chan struct{}
+}
+
+func (s *initSub) SubscribeInitialize(topic string) error { s.inits <- topic; return nil }
+func (s *initSub) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
+	ch := make(chan *message.Message)
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch, nil
+}
+func (s *initSub) Close() error { close(s.closed); return nil }
+
+type nopPub struct{}
+
+func (nopPub) Publish(string, ...*message.Message) error { return nil }
+func (nopPub) Close() error                              { return nil }
+
+// TestReplyQueueDeclaredInitializedAndReleased: DeclareReplyQueue refuses
+// before Start, opens the queue's subscriber once and initializes its topic
+// (so nothing sent before the first Subscribe is lost), and is idempotent;
+// DeleteReplyQueue ends a subscription still running and closes the
+// subscriber.
+func TestReplyQueueDeclaredInitializedAndReleased(t *testing.T) {
+	sub := &initSub{inits: make(chan string, 10), closed: make(chan struct{})}
+	var opened []string
+	tr, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return nopPub{}, nil }
+		c.Subscriber = func(_ context.Context, q string) (message.Subscriber, error) {
+			opened = append(opened, q)
+			return sub, nil
+		}
+		c.Topics.Queue = func(q string) string { return "q." + q }
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	rq, ok := tr.(transport.ReplyQueues)
+	if !ok {
+		t.Fatal("wmpubsub.Transport does not implement transport.ReplyQueues")
+	}
+	ctx := context.Background()
+	if err := rq.DeclareReplyQueue(ctx, "r1"); !errors.Is(err, outbox.ErrTransportUnavailable) {
+		t.Fatalf("DeclareReplyQueue before Start: %v, want ErrTransportUnavailable", err)
+	}
+	if err := tr.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := rq.DeclareReplyQueue(ctx, "r1"); err != nil {
+			t.Fatalf("DeclareReplyQueue: %v", err)
+		}
+	}
+	if len(opened) != 1 || opened[0] != "r1" {
+		t.Fatalf("subscribers opened for %q, want one for r1", opened)
+	}
+	if got := <-sub.inits; got != "q.r1" {
+		t.Fatalf("initialized topic %q, want q.r1", got)
+	}
+	if len(sub.inits) != 0 {
+		t.Fatalf("the topic was initialized again by the second declaration")
+	}
+	ch, err := tr.Subscriber().Subscribe(ctx, "r1") // never canceled by the caller
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rq.DeleteReplyQueue(ctx, "r1"); err != nil {
+		t.Fatalf("DeleteReplyQueue: %v", err)
+	}
+	select {
+	case _, open := <-ch:
+		if open {
+			t.Fatal("a message from a deleted reply queue")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reply queue's subscription still runs after DeleteReplyQueue")
+	}
+	select {
+	case <-sub.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("DeleteReplyQueue did not close the queue's subscriber")
+	}
+	if err := rq.DeleteReplyQueue(ctx, "r1"); err != nil {
+		t.Fatalf("DeleteReplyQueue again: %v", err)
+	}
+}
