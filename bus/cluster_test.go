@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -298,21 +299,6 @@ func TestClusterNodeLoss(t *testing.T) {
 	cl.run("kill-node", fmt.Sprint(victim))
 	during := phase(6 * time.Second)
 	rwg.Wait()
-	// Consuming again: each instance's first effect committed after it
-	// reconnected (deliveries in flight at the kill may commit before).
-	for i, name := range names {
-		var first *time.Time
-		since := killedAt.Add(back[i])
-		if err := db.Raw(`SELECT min(at) FROM effects WHERE instance = ? AND at > ?`, name, since).Scan(&first).Error; err != nil {
-			t.Fatal(err)
-		}
-		if first == nil {
-			t.Errorf("instance %s consumed nothing within 6s of the kill", name)
-			continue
-		}
-		t.Logf("instance %s consuming again %.2fs after the kill (reconnected after %.2fs)", name, first.Sub(killedAt).Seconds(), back[i].Seconds())
-	}
-
 	restarted := time.Now()
 	cl.run("start-node", fmt.Sprint(victim))
 	t.Logf("node %d started again in %v", victim, time.Since(restarted).Round(time.Millisecond))
@@ -327,6 +313,27 @@ func TestClusterNodeLoss(t *testing.T) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+
+	// Consuming again: each instance's first effect committed after it
+	// reconnected (deliveries in flight at the kill may commit before),
+	// looked up once the run is over so that a slow resume is measured,
+	// not mistaken for none; the issue's bound is 15 s after the loss.
+	for i, name := range names {
+		var first sql.NullTime
+		since := killedAt.Add(back[i])
+		if err := db.Raw(`SELECT min(at) FROM effects WHERE instance = ? AND at > ?`, name, since).Scan(&first).Error; err != nil {
+			t.Fatal(err)
+		}
+		if !first.Valid {
+			t.Errorf("instance %s consumed nothing after it reconnected", name)
+			continue
+		}
+		again := first.Time.Sub(killedAt)
+		t.Logf("instance %s consuming again %.2fs after the kill (reconnected after %.2fs)", name, again.Seconds(), back[i].Seconds())
+		if again > 15*time.Second {
+			t.Errorf("instance %s consumed again only %.2fs after the kill; the bound is 15s", name, again.Seconds())
+		}
 	}
 
 	// The checker: every committed message has exactly one effect.
