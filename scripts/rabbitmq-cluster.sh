@@ -172,7 +172,10 @@ stop)
   done
   ;;
 destroy)
-  "$0" stop
+  # A node that cannot stop cleanly (its peers gone) must not keep its
+  # data: remove the folder whatever stop says.
+  "$0" stop || true
+  for n in $(seq 1 "$NODES"); do p=$(vm_pid "$n"); [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$DIR"
   ;;
 status)
