@@ -175,7 +175,7 @@ destroy)
   # A node that cannot stop cleanly (its peers gone) must not keep its
   # data: remove the folder whatever stop says.
   "$0" stop || true
-  for n in $(seq 1 "$NODES"); do p=$(vm_pid "$n"); [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  for n in $(seq 1 "$NODES"); do p=$(vm_pid "$n" || true); if [ -n "$p" ]; then kill -9 "$p" 2>/dev/null || true; fi; done
   rm -rf "$DIR"
   ;;
 status)
