@@ -23,7 +23,7 @@ func TestOutboxScaleThreeRelays(t *testing.T) {
 	env := newRealEnv(t)
 	total, perTx, writers := 100_000, 10, 8
 	if testing.Short() {
-		total = 10_000
+		total = 9_600 // an even number of transactions per writer, so half commit
 	}
 	q := env.q("outbox-scale")
 	ch, err := env.conn.Channel()
@@ -125,10 +125,13 @@ func TestOutboxScaleThreeRelays(t *testing.T) {
 		}
 		dups += n - 1
 	}
-	st, err := buses[0].OutboxStore().Stats(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A message can arrive before its relay marks the row delivered.
+	var st outbox.Stats
+	waitFor(t, func() bool {
+		var err error
+		st, err = buses[0].OutboxStore().Stats(ctx)
+		return err == nil && st.Pending == 0
+	})
 	if st.Pending != 0 || st.Parked != 0 || st.Delivered != int64(len(want)) {
 		t.Fatalf("outbox after drain: %+v; want %d delivered and nothing else", st, len(want))
 	}
