@@ -150,11 +150,7 @@ func main() {
 			endpoint.ConsumerOf[WorkItem](e, w)
 		})
 	}
-	opts, err := f.Options(declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...) // rejects a limit above the prefetch, or negative values
+	b, err := f.NewBus(declare, nil) // rejects a limit above the prefetch, or negative values
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -167,17 +163,10 @@ func main() {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	go a.sampleBus(ctx)
-	if f.Demo {
-		if err := sample.RunDemo(b, 5*time.Minute, func(ctx context.Context) error { return a.demo(ctx, *demoN) }); err != nil {
-			stop()
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /burst", a.postBurst)
 	mux.HandleFunc("GET /stats", a.stats)
-	if err := sample.Serve(b, mux, f.Listen); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, *demoN) }, 5*time.Minute); err != nil {
 		stop()
 		log.Fatal(err)
 	}

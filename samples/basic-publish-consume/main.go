@@ -76,19 +76,9 @@ func main() {
 		})
 	}
 	// snippet:end declare
-	opts, err := f.Options(declare, nil)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return demo(ctx, b, in, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /messages", func(w http.ResponseWriter, r *http.Request) {
@@ -120,8 +110,7 @@ func main() {
 		msgs := in.list()
 		sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(msgs), "received": msgs})
 	})
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return demo(ctx, b, in, f) }, 0); err != nil {
 		log.Fatal(err)
 	}
 }

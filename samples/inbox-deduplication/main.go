@@ -75,19 +75,9 @@ func audit(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8080")
-	opts, err := f.Options(declare, nil)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if f.Demo {
-		if err := demo(b, f); err != nil {
-			log.Fatal(err)
-		}
-		return
 	}
 	a := &app{b: b}
 	mux := http.NewServeMux()
@@ -97,8 +87,7 @@ func main() {
 	mux.HandleFunc("GET /notifications", sample.Rows[Notification](b, "notifications", "sent_at", 0, nil))
 	mux.HandleFunc("GET /audit", sample.Rows[AuditEntry](b, "entries", "at", 0, nil))
 	mux.HandleFunc("GET /inbox", a.inbox)
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(ctx context.Context) error { return migrate(b) }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return demo(ctx, b, f) }, 0, func(context.Context) error { return migrate(b) }); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -207,13 +196,7 @@ func (a *app) inbox(w http.ResponseWriter, r *http.Request) {
 
 // demo runs the scenario without HTTP: publish, re-publish twice, redeliver,
 // then show what each consumer did.
-func demo(b *bus.Bus, f sample.Flags) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		return err
-	}
-	defer func() { _ = b.Stop(context.Background()) }()
+func demo(ctx context.Context, b *bus.Bus, f sample.Flags) error {
 	if err := migrate(b); err != nil {
 		return err
 	}

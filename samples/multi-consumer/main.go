@@ -137,26 +137,15 @@ func cents(n int64) string { return fmt.Sprintf("%d.%02d", n/100, n%100) }
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8084")
 	c := &calls{log: map[string][]string{}}
-	opts, err := f.Options(c.declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(c.declare, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a := &app{b: b, calls: c}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /events", a.postEvent)
 	mux.HandleFunc("GET /handled", sample.Rows[Handled](b, "handled", "id DESC", 100, map[string]string{"orderId": "order_id"}))
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f) }, 0, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
 }

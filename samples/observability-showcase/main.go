@@ -165,22 +165,12 @@ func main() {
 	}
 	logger := slog.New(traceLogHandler{slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})})
 	a := &app{tel: tel, tracer: tel.tp.Tracer("observability-showcase"), log: logger, confirmed: map[string]string{}}
-	opts, err := f.Options(a.declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(append(opts, tel.busOptions(logger)...)...)
+	b, err := f.NewBus(a.declare, nil, tel.busOptions(logger)...)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a.b = b
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
-	if err := sample.Serve(b, a.routes(), f.Listen); err != nil {
+	if err := f.Run(b, a.routes(), func(ctx context.Context) error { return a.demo(ctx, f) }, 0); err != nil {
 		log.Fatal(err)
 	}
 }

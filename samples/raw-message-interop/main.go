@@ -251,11 +251,7 @@ func (sqlProducer) Close() error { return nil }
 
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8085")
-	opts, err := f.Options(declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -273,18 +269,10 @@ func main() {
 	}()
 	// A real foreign producer (AMQP or SQL) can send a message without an id.
 	a := &app{b: b, p: p, foreign: f.Is(sample.TransportRabbitMQ) || f.Is(sample.TransportPostgres)}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			_ = p.Close()
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /raw", a.postRaw)
 	mux.HandleFunc("GET /received", sample.Rows[RawReceived](b, "received", "id DESC", 100, map[string]string{"messageId": "message_id"}))
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f) }, 0, func(context.Context) error { return a.migrate() }); err != nil {
 		_ = p.Close()
 		log.Fatal(err)
 	}

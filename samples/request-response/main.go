@@ -102,26 +102,15 @@ func validate(ctx context.Context, c *endpoint.Context[ValidateOrder]) error {
 
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8087")
-	opts, err := f.Options(declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a := &app{b: b}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /validate-order", a.postValidate)
 	mux.HandleFunc("GET /validations", sample.Rows[Validation](b, "validations", "validated_at DESC", 100, map[string]string{"orderId": "order_id"}))
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f) }, 0, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
 }

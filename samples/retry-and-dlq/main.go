@@ -195,28 +195,17 @@ func main() {
 			endpoint.RawConsumer(e, recordDeadLetter)
 		})
 	}
-	opts, err := f.Options(declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a := &app{b: b, p: p}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", a.postOrder)
 	mux.HandleFunc("GET /processed", sample.Rows[ProcessedOrder](b, "processed", "processed_at DESC", 100, nil))
 	mux.HandleFunc("GET /dead-letters", a.deadLetters)
 	mux.HandleFunc("GET /attempts", func(w http.ResponseWriter, r *http.Request) { sample.WriteJSON(w, http.StatusOK, p.log()) })
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f) }, 0, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
 }

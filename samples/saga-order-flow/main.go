@@ -220,29 +220,18 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	opts, err := f.Options(declare(m), nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(declare(m), nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a := &app{b: b, m: m}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f, *timeout) }); err != nil {
-			log.Fatal(err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", a.submit)
 	mux.HandleFunc("GET /orders/{id}", a.order)
 	mux.HandleFunc("GET /orders", a.list)
-	mux.HandleFunc("GET /stats", sample.Stats(b))
 	// The operators' view: the machine's instances by state (read-only).
 	mux.Handle("/admin/", http.StripPrefix("/admin", admin.Handler(b, admin.Sagas(m))))
-	if err := sample.Serve(b, mux, f.Listen, a.migrate); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f, *timeout) }, 0, a.migrate); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -92,29 +92,18 @@ func recordTransfer(ctx context.Context, c *endpoint.Context[TransferCompleted])
 
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8081")
-	opts, err := f.Options(declare, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(opts...)
+	b, err := f.NewBus(declare, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	a := &app{b: b}
-	if f.Demo {
-		if err := sample.RunDemo(b, time.Minute, func(ctx context.Context) error { return a.demo(ctx, f) }); err != nil {
-			log.Fatalf("demo: %v", err)
-		}
-		return
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /transfers", a.postTransfer)
 	mux.HandleFunc("GET /transfers", sample.Rows[Transfer](b, "transfers", "created_at DESC", 100, nil))
 	mux.HandleFunc("GET /received", sample.Rows[ReceivedTransfer](b, "received", "received_at DESC", 100, nil))
 	mux.HandleFunc("GET /outbox/pending", a.outboxPending)
 	mux.HandleFunc("POST /outbox/requeue", a.outboxRequeue)
-	mux.HandleFunc("GET /stats", sample.Stats(b))
-	if err := sample.Serve(b, mux, f.Listen, func(context.Context) error { return a.migrate() }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return a.demo(ctx, f) }, 0, func(context.Context) error { return a.migrate() }); err != nil {
 		log.Fatal(err)
 	}
 }

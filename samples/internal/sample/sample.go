@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -186,6 +187,39 @@ func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox
 		opts = append(opts, bus.WithDatabase(db))
 	}
 	return opts, nil
+}
+
+// NewBus builds the sample's bus: Options, then extra options after them.
+func (f Flags) NewBus(declare func(*endpoint.Endpoints), configure func(*outbox.Options), extra ...bus.Option) (*bus.Bus, error) {
+	opts, err := f.Options(declare, configure)
+	if err != nil {
+		return nil, err
+	}
+	return bus.New(append(opts, extra...)...)
+}
+
+// DemoTimeout bounds a sample's -demo run (RunDemo) unless the sample
+// gives Run another one.
+const DemoTimeout = time.Minute
+
+// Run runs the sample the way the flags ask: with -demo, demo through
+// RunDemo within timeout (DemoTimeout when zero); otherwise Serve with
+// mux, to which it adds GET /stats (the bus's Stats) unless mux has one.
+// The error is the demo's (prefixed "demo: ") or the server's.
+func (f Flags) Run(b *bus.Bus, mux *http.ServeMux, demo func(ctx context.Context) error, timeout time.Duration, afterStart ...func(context.Context) error) error {
+	if f.Demo {
+		if timeout <= 0 {
+			timeout = DemoTimeout
+		}
+		if err := RunDemo(b, timeout, demo); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		return nil
+	}
+	if _, pattern := mux.Handler(&http.Request{Method: http.MethodGet, URL: &url.URL{Path: "/stats"}}); pattern == "" {
+		mux.HandleFunc("GET /stats", Stats(b))
+	}
+	return Serve(b, mux, f.Listen, afterStart...)
 }
 
 // Is reports whether kind (one of Transports) is the selected transport.
