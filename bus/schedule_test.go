@@ -1,17 +1,14 @@
 package bus_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -223,28 +220,8 @@ func TestScheduledSurvivesSIGKILL(t *testing.T) {
 			// Far enough ahead for a child built with -race to start on a
 			// busy machine; the test skips if it still was not.
 			due := time.Now().Add(8 * time.Second)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), s.child...)
-			cmd.Env = append(cmd.Env, "BW_SCHED_QUEUE="+s.queue, "BW_SCHED_TYPE="+s.typ,
-				"BW_SCHED_N="+strconv.Itoa(n), "BW_SCHED_AT="+due.Format(time.RFC3339Nano))
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil || line != "scheduled\n" {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-				t.Fatalf("child said %q, %v", line, err)
-			}
-			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			_ = cmd.Wait()
+			testenv.KillChildWhenReady(t, slices.Concat(s.child, []string{"BW_SCHED_QUEUE=" + s.queue, "BW_SCHED_TYPE=" + s.typ,
+				"BW_SCHED_N=" + strconv.Itoa(n), "BW_SCHED_AT=" + due.Format(time.RFC3339Nano)})...)
 			if left := time.Until(due); left < 500*time.Millisecond {
 				t.Skipf("the child scheduled only %v before the due time; the machine is too slow for this test", left)
 			}
@@ -338,8 +315,7 @@ func schedChild() {
 			fail(err)
 		}
 	}
-	fmt.Println("scheduled")
-	select {} // until SIGKILL
+	testenv.SignalReadyAndWait()
 }
 
 // TestScheduleValidation: bad schedules are refused with ErrInvalidMessage

@@ -1,16 +1,13 @@
 package saga_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -534,31 +531,13 @@ func TestTimeoutAfterSIGKILL(t *testing.T) {
 		// Far enough ahead for a child built with -race to start on a busy
 		// machine; the test skips if it still was not.
 		w := newPayWorld(t, backend, 6*time.Second)
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "BW_SAGA_CHILD=1", "BW_SAGA_QUEUE="+w.queue, "BW_SAGA_TABLE="+w.table,
-			"BW_SAGA_PREFIX="+w.prefix, "BW_SAGA_PATH="+w.path, "BW_SAGA_DELAY="+w.delay.String())
+		env := []string{"BW_SAGA_CHILD=1", "BW_SAGA_QUEUE=" + w.queue, "BW_SAGA_TABLE=" + w.table,
+			"BW_SAGA_PREFIX=" + w.prefix, "BW_SAGA_PATH=" + w.path, "BW_SAGA_DELAY=" + w.delay.String()}
 		if w.db != nil {
-			cmd.Env = append(cmd.Env, "BW_SAGA_DSN="+testenv.PostgresDSN(t))
+			env = append(env, "BW_SAGA_DSN="+testenv.PostgresDSN(t))
 		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
 		began := time.Now()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil || line != "scheduled\n" {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatalf("child said %q, %v", line, err)
-		}
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		_ = cmd.Wait()
+		testenv.KillChildWhenReady(t, env...)
 		if time.Since(began) > w.delay-500*time.Millisecond {
 			t.Skipf("the child took %v to schedule; the machine is too slow for this test", time.Since(began))
 		}
@@ -624,6 +603,5 @@ func sagaChild() {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	fmt.Println("scheduled")
-	select {} // until SIGKILL
+	testenv.SignalReadyAndWait()
 }
