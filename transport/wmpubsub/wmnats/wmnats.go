@@ -100,6 +100,35 @@ func New(url string, configure func(c *Config)) transport.Factory {
 				},
 			}, watermill.NopLogger{})
 		}
+		// A queue's topic is its stream (watermill-nats names the stream
+		// after the topic), created by the subscriber's initialization.
+		w.QueueExists = func(ctx context.Context, topic string) (bool, error) {
+			js, err := jetStream(pubConn)
+			if err != nil {
+				return false, err
+			}
+			// A request written just before a lost connection is noticed
+			// is lost with it: do not wait the caller's whole deadline.
+			ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			if _, err := js.StreamInfo(topic, nats.Context(ctx)); err != nil {
+				if errors.Is(err, nats.ErrStreamNotFound) {
+					return false, nil
+				}
+				return false, err
+			}
+			return true, nil
+		}
+		w.DeleteQueue = func(ctx context.Context, topic string) error {
+			js, err := jetStream(pubConn)
+			if err != nil {
+				return err
+			}
+			if err := js.DeleteStream(topic, nats.Context(ctx)); err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+				return err
+			}
+			return nil
+		}
 		w.Health = func(context.Context) error {
 			if pubConn == nil {
 				return errors.New("wmnats: not connected yet")
@@ -110,6 +139,17 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return nil
 		}
 	})
+}
+
+// lookupTimeout bounds a stream look-up.
+const lookupTimeout = 2 * time.Second
+
+// jetStream returns the JetStream context of the publisher's connection.
+func jetStream(conn *nats.Conn) (nats.JetStreamContext, error) {
+	if conn == nil {
+		return nil, errors.New("wmnats: not connected yet")
+	}
+	return conn.JetStream()
 }
 
 func connect(ctx context.Context, url string, opts []nats.Option) (*nats.Conn, error) {

@@ -4,7 +4,8 @@
 // a UUID dead-lettered without stopping its neighbours; and, where the
 // Pub/Sub redelivers a message its consumer holds too long (JetStream
 // AckWait, a Redis consumer group's pending claim), the second delivery
-// absorbed by the inbox.
+// absorbed by the inbox; and where consumers own pending entries (Redis),
+// those of a consumer gone claimed by the bus and processed once.
 package e2etest
 
 import (
@@ -49,6 +50,13 @@ type Config struct {
 	// with the same id (JetStream's Nats-Msg-Id window), so that the
 	// copies published twice never reach the inbox.
 	DedupsPublishes bool
+	// Orphan, when set, publishes msgs to topic and has a consumer other
+	// than the bus's read them into its pending entries in group (the
+	// endpoint's consumer group, created if need be) and go away without
+	// acknowledging them: a consumer gone in a group rebalance (Redis).
+	// The DepartedConsumer case then starts the bus and checks that it
+	// claims them.
+	Orphan func(t *testing.T, topic, group string, msgs ...*message.Message)
 	// Cleanup deletes the endpoints' queues and the types' topics.
 	Cleanup func(t *testing.T, queues, types []string)
 }
@@ -74,6 +82,12 @@ func Run(t *testing.T, c Config) {
 			t.Skip("the Pub/Sub does not redeliver a message its consumer holds (Config.Slow is false)")
 		}
 		slow(t, c)
+	})
+	t.Run("DepartedConsumersPendingClaimedOnce", func(t *testing.T) {
+		if c.Orphan == nil {
+			t.Skip("the Pub/Sub has no consumer-owned pending entries (Config.Orphan is nil)")
+		}
+		departed(t, c)
 	})
 	t.Run("RequestResponse", func(t *testing.T) { requestResponse(t, c) })
 }
