@@ -56,6 +56,15 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: func(typ string) string { return typ },
+		QueueTopicExists: func(t *testing.T, queue string) bool {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			n, err := c.Exists(context.Background(), wmredis.QueuePrefix+queue).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		},
 		// A consumer "departed" reads the entries into its pending list
 		// (XREADGROUP, no XACK) and is never heard from again.
 		Orphan: func(t *testing.T, topic, group string, msgs ...*message.Message) {
@@ -79,7 +88,7 @@ func TestEndToEnd(t *testing.T) {
 				t.Fatalf("XREADGROUP as the departed consumer: %v, %v", read, err)
 			}
 		},
-		Slow:      true,
+		Slow: true,
 		Cleanup: func(t *testing.T, queues, types []string) {
 			var direct []string
 			for _, x := range types {

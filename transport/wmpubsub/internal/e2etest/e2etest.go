@@ -57,6 +57,9 @@ type Config struct {
 	// The DepartedConsumer case then starts the bus and checks that it
 	// claims them.
 	Orphan func(t *testing.T, topic, group string, msgs ...*message.Message)
+	// QueueTopicExists reports whether the topic of queue exists on the
+	// Pub/Sub (a stream, a RabbitMQ queue). Required.
+	QueueTopicExists func(t *testing.T, queue string) bool
 	// Cleanup deletes the endpoints' queues and the types' topics.
 	Cleanup func(t *testing.T, queues, types []string)
 }
@@ -90,6 +93,8 @@ func Run(t *testing.T, c Config) {
 		departed(t, c)
 	})
 	t.Run("RequestResponse", func(t *testing.T) { requestResponse(t, c) })
+	t.Run("RequestToNoConsumerFailsFast", func(t *testing.T) { requestNoConsumer(t, c) })
+	t.Run("ReplyTopicRemovedAtStop", func(t *testing.T) { replyTopicRemoved(t, c) })
 }
 
 type env struct {
