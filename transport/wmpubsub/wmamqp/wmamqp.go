@@ -38,6 +38,9 @@ type Config struct {
 	PrefetchCount int
 }
 
+// publishChannels is the size of the publisher's channel pool.
+const publishChannels = 4
+
 // queueTopic marks the topic of a queue: sent through the default
 // exchange with the queue as routing key.
 const queueTopic = "queue:"
@@ -70,6 +73,9 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return q
 		}
 		cfg.Publish.ConfirmDelivery = true
+		// Channels kept open between publishes (watermill-amqp opens and
+		// closes one per Publish without a pool).
+		cfg.Publish.ChannelPoolSize = publishChannels
 		cfg.Queue.Arguments = amqp.Table(c.QueueArgs)
 		cfg.Consume.Qos.PrefetchCount = c.PrefetchCount
 		return cfg
