@@ -83,7 +83,7 @@ test-cluster:
 ## wmredis (TestReliabilityWatermill/<preset>: watermill-amqp on RabbitMQ, JetStream,
 ## Redis Streams, each consumer's connections through a TCP proxy that broker-close and
 ## stop-cont cut; also BAREWIRE_TEST_NATS_URL / BAREWIRE_TEST_REDIS_ADDR; the short profile
-## there is CI-sized, 1,500 messages); prints the checker's summary last.
+## there is CI-sized, 1,500 messages, 1,000 on wmamqp); prints the checker's summary last.
 ## PROFILE=poison (TestPoison / TestPoisonPostgresTransport; PROFILE=poison-short is the
 ## CI size, run by `make test`): no faults; good traffic in baseline, poison and baseline
 ## phases, 1.5 % of each poison class (consumer errors, Permanent, panics, aborted

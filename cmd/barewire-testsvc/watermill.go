@@ -61,10 +61,9 @@ func (c *config) validateWatermill(bad func(string, ...any)) {
 func (c *config) watermillFactory(declare func(*endpoint.Endpoints)) (transport.Factory, error) {
 	switch c.Transport {
 	case transportWMAMQP:
-		return wmamqp.New(c.AMQPURL, func(w *wmamqp.Config) {
-			declare(&w.Endpoints)
-			w.PrefetchCount = c.Concurrency
-		}), nil
+		// The preset's prefetch (1): watermill-amqp handles one message
+		// at a time per subscription, so more would only sit unacked.
+		return wmamqp.New(c.AMQPURL, func(w *wmamqp.Config) { declare(&w.Endpoints) }), nil
 	case transportWMNATS:
 		return wmnats.New(os.Getenv("BAREWIRE_NATS_URL"), func(w *wmnats.Config) {
 			declare(&w.Endpoints)
