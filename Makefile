@@ -9,10 +9,16 @@ all: lint test
 ## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL.
 ## The reliability suite runs on its own afterwards: it restarts PostgreSQL and closes
 ## broker connections, which would break tests running beside it. It includes the
-## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport).
+## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport), and
+## the short and poison-short profiles on the Watermill presets (TestReliabilityWatermill,
+## TestPoisonWatermill: about 7 minutes for the three, without the PostgreSQL restart).
+## The wmamqp conformance suite runs once more without -race: its reconnect case is
+## skipped under -race, as watermill-amqp v3.0.2's reconnect races.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m ./reliability/...
+	$(GO) test -count=1 -timeout 2m -run '^TestConformance$$' ./transport/wmpubsub/wmamqp/
+	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill' ./reliability/...
+	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 
 ## test-short: embedded-only tests (no services)
 test-short:
@@ -73,7 +79,11 @@ test-cluster:
 ## TRANSPORT=rabbitmq (the default: RabbitMQ + PostgreSQL, TestReliability; needs
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL) or TRANSPORT=postgres (the
 ## PostgreSQL transport alone, TestReliabilityPostgresTransport; needs
-## BAREWIRE_TEST_POSTGRES_DSN only); prints the checker's summary last.
+## BAREWIRE_TEST_POSTGRES_DSN only) or a Watermill preset, TRANSPORT=wmamqp, wmnats or
+## wmredis (TestReliabilityWatermill/<preset>: watermill-amqp on RabbitMQ, JetStream,
+## Redis Streams, each consumer's connections through a TCP proxy that broker-close and
+## stop-cont cut; also BAREWIRE_TEST_NATS_URL / BAREWIRE_TEST_REDIS_ADDR; the short profile
+## there is CI-sized, 1,500 messages, 1,000 on wmamqp); prints the checker's summary last.
 ## PROFILE=poison (TestPoison / TestPoisonPostgresTransport; PROFILE=poison-short is the
 ## CI size, run by `make test`): no faults; good traffic in baseline, poison and baseline
 ## phases, 1.5 % of each poison class (consumer errors, Permanent, panics, aborted
@@ -86,7 +96,7 @@ test-cluster:
 PROFILE ?= short
 TRANSPORT ?= rabbitmq
 RELIABILITY_KIND = $(if $(filter poison poison-short,$(PROFILE)),TestPoison,TestReliability)
-RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(error TRANSPORT=$(TRANSPORT): use rabbitmq or postgres)))
+RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(if $(filter wmamqp wmnats wmredis,$(TRANSPORT)),$(RELIABILITY_KIND)Watermill/$(TRANSPORT),$(error TRANSPORT=$(TRANSPORT): use rabbitmq, postgres, wmamqp, wmnats or wmredis))))
 RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(TRANSPORT)-$(PROFILE).txt
 reliability:
 	@rm -f $(RELIABILITY_SUMMARY)

@@ -161,7 +161,9 @@ FROM `+n.Table(workload.TableEffects)+` e JOIN `+n.Table(workload.TableProduced)
 		errQueues = append(errQueues, q+"_error")
 	}
 	var err error
-	if r.prof.Transport == TransportPostgres {
+	if dl, ok := r.queues.(deadLetterReader); ok {
+		o.DeadLetters, err = dl.DeadLetters(ctx, errQueues)
+	} else if r.prof.Transport == TransportPostgres {
 		o.DeadLetters, err = r.pgDeadLetters(ctx, errQueues)
 	} else {
 		o.DeadLetters, err = amqpDeadLetters(r.env.AMQPURL, errQueues)

@@ -61,6 +61,9 @@ type Profile struct {
 	// Lease is the PostgreSQL transport's Lease (how soon a killed or
 	// frozen consumer's message is claimed again); unused on RabbitMQ.
 	Lease time.Duration
+	// Redelivery is a Watermill preset's redelivery timeout (JetStream
+	// AckWait, Redis MaxIdleTime; see ForWatermill).
+	Redelivery time.Duration
 	// Messages is how many producer transactions must commit.
 	Messages int
 	// Consumers and Relays count the consumer processes (at least 2 for

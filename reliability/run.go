@@ -72,6 +72,9 @@ type Env struct {
 	Logf func(format string, args ...any)
 	// Keep keeps the run's tables and queues even when the run passed.
 	Keep bool
+	// NATSURL and RedisAddr are the servers of the wmnats and wmredis
+	// presets (see ForWatermill).
+	NATSURL, RedisAddr string
 }
 
 // Result is the outcome of a run.
@@ -148,6 +151,10 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	case "":
 		prof.Transport = TransportRabbitMQ
 	case TransportRabbitMQ, TransportPostgres:
+	case TransportWMAMQP, TransportWMNATS, TransportWMRedis:
+		if err := env.checkWatermillEnv(prof.Transport); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, fmt.Errorf("reliability: transport %q: use %q or %q", prof.Transport, TransportRabbitMQ, TransportPostgres)
 	}
@@ -167,8 +174,13 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	r.db = db
 	defer closeDB(db)
 	r.queues = env.Broker
-	if prof.Transport == TransportPostgres {
+	switch prof.Transport {
+	case TransportPostgres:
 		r.queues = &pgQueues{db: db, names: r.names}
+	case TransportWMNATS:
+		r.queues = &natsQueues{url: env.NATSURL, names: r.names}
+	case TransportWMRedis:
+		r.queues = &redisQueues{addr: env.RedisAddr, names: r.names}
 	}
 	// Create every table before any process starts, so that the processes
 	// find them and skip their own migration (see the service's migrate).
@@ -233,6 +245,9 @@ func (r *run) baseArgs(name string, roles ...string) []string {
 	if p.Retries > 0 {
 		args = append(args, "-retries", strconv.Itoa(p.Retries))
 	}
+	if p.Redelivery > 0 {
+		args = append(args, "-wm-redelivery", p.Redelivery.String())
+	}
 	if p.Transport == TransportPostgres {
 		// Each handler holds a pooled connection for its transaction, and
 		// the transport needs one more for LISTEN and one per claim, ack
@@ -249,7 +264,8 @@ func (r *run) credentials() []string {
 	if r.prof.Transport == TransportRabbitMQ {
 		env = append(env, "BAREWIRE_AMQP_URL="+r.env.AMQPURL)
 	}
-	return env
+	wm, _ := r.env.watermillEnv(r.prof.Transport, nil)
+	return append(env, wm...)
 }
 
 func (r *run) start(name string, args []string, env ...string) (*Proc, error) {
@@ -284,21 +300,27 @@ func (r *run) execute(ctx context.Context) error {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		var extraEnv []string
 		var px *Proxy
-		if p.Transport == TransportRabbitMQ {
-			target, err := brokerHostPort(r.env.AMQPURL)
+		if p.Transport == TransportRabbitMQ || IsWatermill(p.Transport) {
+			target, err := r.env.serverHostPort(p.Transport)
 			if err != nil {
 				return err
 			}
 			if px, err = NewProxy(target); err != nil {
 				return err
 			}
-			proxied, err := px.ProxiedURL(r.env.AMQPURL)
+			// Later entries win in os/exec: these replace the direct
+			// addresses.
+			if IsWatermill(p.Transport) {
+				extraEnv, err = r.env.watermillEnv(p.Transport, px)
+			} else {
+				var proxied string
+				proxied, err = px.ProxiedURL(r.env.AMQPURL)
+				extraEnv = append(extraEnv, "BAREWIRE_AMQP_URL="+proxied)
+			}
 			if err != nil {
 				px.Close()
 				return err
 			}
-			// Later entries win in os/exec: this replaces the direct URL.
-			extraEnv = append(extraEnv, "BAREWIRE_AMQP_URL="+proxied)
 		}
 		r.proxies = append(r.proxies, px)
 		proc, err := r.start(name, r.baseArgs(name, "consumer"), extraEnv...)
@@ -632,6 +654,9 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 	case FaultBrokerClose:
 		if r.prof.Transport == TransportPostgres {
 			return "no broker on the PostgreSQL transport; db-close is its equivalent", errSkipped
+		}
+		if IsWatermill(r.prof.Transport) {
+			return fmt.Sprintf("%s, %d connections cut at the proxy", target.Name(), proxy.CloseConns()), nil
 		}
 		if len(r.env.Broker.Ctl) == 0 {
 			// Without rabbitmqctl, cut the TCP connections instead.

@@ -12,7 +12,9 @@
 //	barewire-bench -scenario e2e -rate 400 -json
 //
 // Scenarios: baseline, e2e, pg-transport (the e2e pipeline on the
-// PostgreSQL transport: no broker, no relay hop), watermill-forwarder,
+// PostgreSQL transport: no broker, no relay hop), watermill (the e2e
+// pipeline on each Watermill preset: wmamqp on -amqp, wmnats on
+// BAREWIRE_TEST_NATS_URL, wmredis on BAREWIRE_TEST_REDIS_ADDR), watermill-forwarder,
 // idle-latency, embedded, inbox-overhead, backlog, sweep, soak, saga
 // (saga transitions per second beside a plain consumer doing the same
 // writes, without and with contention), all (a
@@ -69,7 +71,7 @@ type config struct {
 	sagaHot      int
 }
 
-var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog", "scheduled"}
+var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog", "scheduled"}
 
 var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "all")
 

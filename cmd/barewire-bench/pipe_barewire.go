@@ -40,7 +40,10 @@ type barewirePipe struct {
 	// database instead of RabbitMQ: PublishTx writes the message to the
 	// queue table in the producer's transaction (no outbox row, no relay).
 	pgTransport bool
-	lg          logger.Interface
+	// wm names the Watermill preset (wmamqp, wmnats, wmredis) the bus runs
+	// on instead of transport/rabbitmq (see pipe_watermill.go).
+	wm string
+	lg logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -69,6 +72,9 @@ func newPGTransport(cfg *config, e *env, tr *tracker, label string) *barewirePip
 func (p *barewirePipe) Name() string {
 	if p.pgTransport {
 		return "barewire-pg-transport"
+	}
+	if p.wm != "" {
+		return "barewire-" + p.wm
 	}
 	return "barewire"
 }
@@ -137,6 +143,9 @@ func (p *barewirePipe) options() []bus.Option {
 			c.TablePrefix = p.prefix
 			declare(&c.Endpoints)
 		})))
+	}
+	if p.wm != "" {
+		return append(opts, bus.WithTransport(p.wmFactory(declare)))
 	}
 	return append(opts, bus.WithTransport(rabbitmq.New(p.env.url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
 }

@@ -98,6 +98,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.scheduledScenario(ctx)
 	case "pg-transport":
 		return r.pgTransport(ctx)
+	case "watermill":
+		return r.watermill(ctx)
 	case "saga":
 		return r.sagaScenario(ctx)
 	case "soak":

@@ -46,6 +46,9 @@ type config struct {
 	// PGLease is the PostgreSQL transport's Lease: how soon the message
 	// of a killed or frozen consumer can be claimed again.
 	PGLease time.Duration
+	// WMRedelivery is a Watermill preset's redelivery timeout (see
+	// watermillFactory).
+	WMRedelivery time.Duration
 
 	// Bus and inbox/outbox tuning.
 	InboxLockTimeout time.Duration
@@ -98,8 +101,9 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.Names.Run, "run", "", "run id: namespaces queues, exchanges and message types (required)")
 	fs.StringVar(&roles, "roles", "consumer", "comma-separated roles: producer, consumer, relay")
 	fs.StringVar(&c.Instance, "instance", "", "instance name in logs, leases and effect rows (default: host-pid)")
-	fs.StringVar(&c.Transport, "transport", transportRabbitMQ, "transport: rabbitmq or postgres (postgres needs no AMQP URL: queues are tables in the PostgreSQL database)")
+	fs.StringVar(&c.Transport, "transport", transportRabbitMQ, "transport: rabbitmq, postgres (needs no AMQP URL: queues are tables in the PostgreSQL database), or a Watermill preset: wmamqp, wmnats (BAREWIRE_NATS_URL), wmredis (BAREWIRE_REDIS_ADDR)")
 	fs.DurationVar(&c.PGLease, "pg-lease", 0, "postgres transport: Lease, how soon a killed or frozen consumer's message is claimed again (0: -inbox-lock-timeout plus 1s, so that the redelivery finds the inbox lock expired and takes it over)")
+	fs.DurationVar(&c.WMRedelivery, "wm-redelivery", 5*time.Second, "wmnats, wmredis: how long an unacknowledged message waits before it is delivered again (JetStream AckWait, Redis MaxIdleTime)")
 	fs.DurationVar(&c.InboxLockTimeout, "inbox-lock-timeout", 3*time.Second, "InboxLockTimeout")
 	fs.DurationVar(&c.RelayLease, "relay-lease", 3*time.Second, "outbox RelayLease")
 	fs.DurationVar(&c.PollingInterval, "polling-interval", time.Second, "outbox PollingInterval")
@@ -192,7 +196,11 @@ func (c *config) validate() error {
 			bad("-pg-lease %v: use at least 100ms", c.PGLease)
 		}
 	default:
-		bad("-transport %q: use rabbitmq or postgres", c.Transport)
+		if isWatermill(c.Transport) {
+			c.validateWatermill(bad)
+			break
+		}
+		bad("-transport %q: use rabbitmq, postgres, wmamqp, wmnats or wmredis", c.Transport)
 	}
 	if c.PostgresDSN == "" {
 		bad("no PostgreSQL DSN: set BAREWIRE_POSTGRES_DSN or -postgres-dsn")

@@ -56,9 +56,36 @@ func TestTransportFlag(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 			continue
 		}
-		if bad[1] == "kafka" && !strings.Contains(err.Error(), `-transport "kafka": use rabbitmq or postgres`) {
+		if bad[1] == "kafka" && !strings.Contains(err.Error(), `-transport "kafka": use rabbitmq, postgres, wmamqp, wmnats or wmredis`) {
 			t.Errorf("%q: unclear error %v", bad, err)
 		}
+	}
+}
+
+// TestWatermillTransportFlag: each Watermill preset needs its server's
+// address from the environment and a redelivery timeout of at least 100ms.
+func TestWatermillTransportFlag(t *testing.T) {
+	t.Setenv("BAREWIRE_AMQP_URL", "")
+	t.Setenv("BAREWIRE_NATS_URL", "")
+	t.Setenv("BAREWIRE_REDIS_ADDR", "")
+	t.Setenv("BAREWIRE_POSTGRES_DSN", "host=127.0.0.1 dbname=test")
+	base := []string{"-run", "rel-1", "-table-prefix", "rel_1_"}
+	for tr, want := range map[string]string{
+		"wmamqp":  "set BAREWIRE_AMQP_URL",
+		"wmnats":  "set BAREWIRE_NATS_URL",
+		"wmredis": "set BAREWIRE_REDIS_ADDR",
+	} {
+		if _, err := parseConfig(append(base, "-transport", tr)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-transport %s without its address: %v, want an error saying %q", tr, err, want)
+		}
+	}
+	t.Setenv("BAREWIRE_NATS_URL", "nats://127.0.0.1:4222")
+	c, err := parseConfig(append(base, "-transport", "wmnats", "-wm-redelivery", "3s"))
+	if err != nil || !isWatermill(c.Transport) || c.WMRedelivery != 3*time.Second {
+		t.Fatalf("wmnats: got %+v, %v", c, err)
+	}
+	if _, err := parseConfig(append(base, "-transport", "wmnats", "-wm-redelivery", "10ms")); err == nil || !strings.Contains(err.Error(), "-wm-redelivery") {
+		t.Errorf("-wm-redelivery 10ms: %v, want an error naming it", err)
 	}
 }
 

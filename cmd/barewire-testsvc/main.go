@@ -153,6 +153,12 @@ func (s *service) newBus() error {
 			c.Lease = cfg.PGLease
 			c.PollInterval = cfg.PollingInterval
 		}))
+	case transportWMAMQP, transportWMNATS, transportWMRedis:
+		f, err := cfg.watermillFactory(declare)
+		if err != nil {
+			return err
+		}
+		tr = bus.WithTransport(f)
 	default:
 		tr = bus.WithTransport(rabbitmq.New(cfg.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) }))
 	}

@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport"
@@ -41,6 +42,13 @@ func (r *relayRole) newTransport() (transport.Transport, error) {
 			c.PollInterval = r.cfg.PollingInterval
 			c.DisableAutoMigrate = true
 		}).Build(env)
+	}
+	if isWatermill(r.cfg.Transport) {
+		f, err := r.cfg.watermillFactory(func(*endpoint.Endpoints) {})
+		if err != nil {
+			return nil, err
+		}
+		return f.Build(env)
 	}
 	return rabbitmq.New(r.cfg.AMQPURL, nil).Build(env)
 }

@@ -7,8 +7,10 @@
 // for watermill-nats v2 on NATS JetStream, wmredis for
 // watermill-redisstream, wmkafka for watermill-kafka v3): how the bus's
 // destinations map onto topics (Topics), whether a nacked message comes
-// back (Semantics), and how to tell a broker that is down from a message
-// it refuses (Health). Each preset is its own package, so a service links
+// back (Semantics), how to tell a broker that is down from a message
+// it refuses (Health), and, where the Pub/Sub can tell, whether a queue's
+// topic exists (QueueExists: a send to a missing queue fails as unroutable)
+// and how to delete a reply queue's topic (DeleteQueue). Each preset is its own package, so a service links
 // only the client it uses.
 //
 // # Topology

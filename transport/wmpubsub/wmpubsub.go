@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,6 +54,25 @@ type Config struct {
 	// the message without counting an attempt); any other publish error
 	// to the message. Defaults to always nil.
 	Health func(ctx context.Context) error
+	// QueueExists, when set, reports whether the topic of a queue
+	// (Topics.Queue) exists on the Pub/Sub: an endpoint's Start or
+	// DeclareReplyQueue created it, and DeleteQueue has not removed it.
+	// Deliver then fails a message sent to a queue whose topic does not
+	// exist with an error wrapping transport.ErrUnroutable and
+	// outbox.ErrUndeliverable (the relay parks the row with its reason;
+	// bus.Request fails at once with bus.ErrNoConsumer) instead of writing
+	// it where nobody reads it, creating the topic again. Without it such a
+	// message is published like any other. A failed look-up fails the
+	// message as outbox.ErrTransportUnavailable (the relay retries it
+	// without counting an attempt). Messages to a type's topic are
+	// never checked: a type no endpoint consumes reaches no one, as on
+	// RabbitMQ.
+	QueueExists func(ctx context.Context, topic string) (bool, error)
+	// DeleteQueue, when set, removes the topic of a reply queue (a
+	// stream, a RabbitMQ queue) when the bus deletes the queue
+	// (DeleteReplyQueue, also at Close for every reply queue still
+	// declared), so that an instance's reply topics do not outlive it.
+	DeleteQueue func(ctx context.Context, topic string) error
 	// OnClose, when set, is called after the publisher and subscribers are
 	// closed, to release what the preset opened.
 	OnClose func() error
@@ -270,11 +290,13 @@ func (t *Transport) DeclareReplyQueue(ctx context.Context, name string) error {
 	return nil
 }
 
-// DeleteReplyQueue stops the consumers of reply queue name and closes its
-// subscriber. The topic itself stays where the Pub/Sub keeps topics (a
-// JetStream stream, a Redis stream, a RabbitMQ queue): a response sent to
-// it later is published without waiting and read by no one.
-func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
+// DeleteReplyQueue stops the consumers of reply queue name, closes its
+// subscriber and removes its topic with Config.DeleteQueue. Without
+// DeleteQueue the topic stays where the Pub/Sub keeps topics (a JetStream
+// stream, a Redis stream, a RabbitMQ queue); with QueueExists a response
+// sent to it later fails as unroutable, without it the response is
+// published and read by no one.
+func (t *Transport) DeleteReplyQueue(ctx context.Context, name string) error {
 	t.mu.Lock()
 	rq, ok := t.replies[name]
 	delete(t.replies, name)
@@ -288,13 +310,18 @@ func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
 		return nil
 	}
 	rq.cancel()
-	if sub == nil {
-		return nil
+	var errs []error
+	if sub != nil {
+		if err := sub.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("wmpubsub: close subscriber of reply queue %q: %w", name, err))
+		}
 	}
-	if err := sub.Close(); err != nil {
-		return fmt.Errorf("wmpubsub: close subscriber of reply queue %q: %w", name, err)
+	if t.cfg.DeleteQueue != nil {
+		if err := t.cfg.DeleteQueue(ctx, t.cfg.Topics.Queue(name)); err != nil {
+			errs = append(errs, fmt.Errorf("wmpubsub: delete reply queue %q: %w", name, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (t *Transport) subscriber(ctx context.Context, queue string) (message.Subscriber, error) {
@@ -375,6 +402,10 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 			continue
 		}
 		tp := t.TopicOf(m.Destination)
+		if err := t.checkQueue(ctx, m, tp); err != nil {
+			errs[i] = err
+			continue
+		}
 		wm := ToMessage(m)
 		wm.SetContext(ctx)
 		if err := pub.Publish(tp, wm); err != nil {
@@ -382,6 +413,40 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 		}
 	}
 	return errs
+}
+
+// checkQueue fails m when it is sent to a queue whose topic tp does not
+// exist (Config.QueueExists).
+func (t *Transport) checkQueue(ctx context.Context, m *outbox.Message, tp string) error {
+	if t.cfg.QueueExists == nil {
+		return nil
+	}
+	if kind, _ := wire.ParseDestination(m.Destination); kind == "exchange" {
+		return nil
+	}
+	ok, err := t.cfg.QueueExists(ctx, tp)
+	if err != nil {
+		// The question was about the topic, not the message: charge the
+		// connection, whatever Health says by now.
+		return fmt.Errorf("wmpubsub: look up topic %q of %q: %w: %w", tp, m.MessageID, err, outbox.ErrTransportUnavailable)
+	}
+	if !ok {
+		return &noQueueError{id: m.MessageID, dest: m.Destination, topic: tp}
+	}
+	return nil
+}
+
+// noQueueError is a send to a queue whose topic does not exist.
+type noQueueError struct{ id, dest, topic string }
+
+func (e *noQueueError) Error() string {
+	return fmt.Sprintf("wmpubsub: message %q to %s: topic %q does not exist (no endpoint or reply queue declared it)", e.id, e.dest, e.topic)
+}
+
+// Unwrap makes the error match transport.ErrUnroutable and
+// outbox.ErrUndeliverable.
+func (e *noQueueError) Unwrap() []error {
+	return []error{transport.ErrUnroutable, outbox.ErrUndeliverable}
 }
 
 // classify charges err to the connection when Health fails.
@@ -428,8 +493,9 @@ func (t *Transport) Health(ctx context.Context) error {
 	return t.cfg.Health(ctx)
 }
 
-// Close stops consuming, hands every unsettled delivery back (nack) and
-// closes the subscribers, the publisher and what the preset opened.
+// Close stops consuming, hands every unsettled delivery back (nack),
+// closes the subscribers and the publisher, deletes the reply queues still
+// declared (Config.DeleteQueue) and releases what the preset opened.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -437,6 +503,7 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	replies := slices.Collect(maps.Keys(t.replies))
 	t.mu.Unlock()
 	t.cancel()
 	// The consumers first (no new verdict to relay after them), then the
@@ -456,6 +523,15 @@ func (t *Transport) Close() error {
 		if err := pub.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("wmpubsub: close publisher: %w", err))
 		}
+	}
+	if t.cfg.DeleteQueue != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, name := range replies {
+			if err := t.cfg.DeleteQueue(ctx, t.cfg.Topics.Queue(name)); err != nil {
+				errs = append(errs, fmt.Errorf("wmpubsub: delete reply queue %q: %w", name, err))
+			}
+		}
+		cancel()
 	}
 	if t.cfg.OnClose != nil {
 		if err := t.cfg.OnClose(); err != nil {

@@ -1,12 +1,14 @@
 package wmamqp_test
 
 import (
+	neturl "net/url"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/transport/transporttest"
@@ -35,12 +37,35 @@ func deleteTopology(t *testing.T, url string, queues, exchanges []string) {
 }
 
 // TestConformance runs the seam's conformance suite through watermill-amqp
-// on the local RabbitMQ.
+// on the local RabbitMQ, through a TCP proxy that the reconnect case cuts.
+// That case runs without -race only: watermill-amqp's reconnect races
+// (see raceEnabled); CI runs it in the non-race pass of `make test`.
 func TestConformance(t *testing.T) {
 	url := testenv.AMQPURL(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	proxied := *u
+	proxied.Host = px.Addr()
+	var reconnect func(t *testing.T, _ transport.Transport)
+	if !raceEnabled { // see raceEnabled: the race is watermill-amqp's
+		// Every connection of the transport goes through the proxy.
+		reconnect = func(t *testing.T, _ transport.Transport) {
+			if px.Cut() == 0 {
+				t.Fatal("no connection through the proxy to cut")
+			}
+		}
+	}
 	transporttest.Run(t, transporttest.Config{
+		Reconnect: reconnect,
 		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
-			return wmamqp.New(url, func(c *wmamqp.Config) { declare(&c.Endpoints) })
+			return wmamqp.New(proxied.String(), func(c *wmamqp.Config) { declare(&c.Endpoints) })
 		},
 		Durable: true,
 		Cleanup: func(t *testing.T, queues, exchanges []string) { deleteTopology(t, url, queues, exchanges) },

@@ -1,11 +1,13 @@
 package wmamqp_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/testenv"
@@ -35,6 +37,26 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: func(typ string) string { return typ },
+		QueueTopicExists: func(t *testing.T, queue string) bool {
+			conn, err := amqp.Dial(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+			var ae *amqp.Error
+			if err != nil && !(errors.As(err, &ae) && ae.Code == amqp.NotFound) {
+				t.Fatal(err)
+			}
+			if err == nil {
+				_ = ch.Close()
+			}
+			return err == nil
+		},
 		Cleanup: func(t *testing.T, queues, types []string) {
 			var direct []string
 			for _, x := range types {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -34,6 +37,9 @@ type Config struct {
 	// watermill-amqp handles one message at a time per subscription.
 	PrefetchCount int
 }
+
+// publishChannels is the size of the publisher's channel pool.
+const publishChannels = 4
 
 // queueTopic marks the topic of a queue: sent through the default
 // exchange with the queue as routing key.
@@ -67,6 +73,9 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return q
 		}
 		cfg.Publish.ConfirmDelivery = true
+		// Channels kept open between publishes (watermill-amqp opens and
+		// closes one per Publish without a pool).
+		cfg.Publish.ChannelPoolSize = publishChannels
 		cfg.Queue.Arguments = amqp.Table(c.QueueArgs)
 		cfg.Consume.Qos.PrefetchCount = c.PrefetchCount
 		return cfg
@@ -74,6 +83,7 @@ func New(url string, configure func(c *Config)) transport.Factory {
 	var (
 		mu   sync.Mutex
 		conn *wamqp.ConnectionWrapper
+		adm  = &admin{url: url}
 	)
 	connection := func(ctx context.Context) (*wamqp.ConnectionWrapper, error) {
 		mu.Lock()
@@ -107,7 +117,11 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			if err != nil {
 				return nil, err
 			}
-			return wamqp.NewPublisherWithConnection(config(""), watermill.NopLogger{}, cw)
+			pub, err := wamqp.NewPublisherWithConnection(config(""), watermill.NopLogger{}, cw)
+			if err != nil {
+				return nil, err
+			}
+			return publisher{pub}, nil
 		}
 		w.Subscriber = func(ctx context.Context, queue string) (message.Subscriber, error) {
 			cw, err := connection(ctx)
@@ -115,6 +129,25 @@ func New(url string, configure func(c *Config)) transport.Factory {
 				return nil, err
 			}
 			return wamqp.NewSubscriberWithConnection(config(queue), watermill.NopLogger{}, cw)
+		}
+		w.QueueExists = func(ctx context.Context, topic string) (bool, error) {
+			ok := false
+			err := adm.do(ctx, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDeclarePassive(strings.TrimPrefix(topic, queueTopic), true, false, false, false, nil)
+				var ae *amqp.Error
+				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+					return nil
+				}
+				ok = err == nil
+				return err
+			})
+			return ok, err
+		}
+		w.DeleteQueue = func(ctx context.Context, topic string) error {
+			return adm.do(ctx, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(strings.TrimPrefix(topic, queueTopic), false, false, false)
+				return err
+			})
 		}
 		w.Health = func(context.Context) error {
 			mu.Lock()
@@ -125,6 +158,7 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return nil
 		}
 		w.OnClose = func() error {
+			adm.close()
 			mu.Lock()
 			defer mu.Unlock()
 			if conn == nil {
@@ -133,6 +167,72 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return conn.Close()
 		}
 	})
+}
+
+// admin is a plain connection of the preset's own for the queue look-ups
+// and deletions watermill-amqp offers no call for (a passive declare, which
+// closes its channel when the queue is missing). It is dialed on first use
+// and again after it fails.
+type admin struct {
+	url  string
+	mu   sync.Mutex
+	conn *amqp.Connection
+}
+
+// do runs f on a fresh channel; a failed channel is dropped with the
+// error f saw.
+func (a *admin) do(ctx context.Context, f func(ch *amqp.Channel) error) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn == nil || a.conn.IsClosed() {
+		conn, err := amqp.DialConfig(a.url, amqp.Config{Properties: amqp.Table{"connection_name": "barewire wmamqp admin"}})
+		if err != nil {
+			return fmt.Errorf("wmamqp: connect: %w: %w", err, outbox.ErrTransportUnavailable)
+		}
+		a.conn = conn
+	}
+	ch, err := a.conn.Channel()
+	if err != nil {
+		_ = a.conn.Close()
+		a.conn = nil
+		return fmt.Errorf("wmamqp: open channel: %w: %w", err, outbox.ErrTransportUnavailable)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return f(ch)
+}
+
+func (a *admin) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		_ = a.conn.Close()
+		a.conn = nil
+	}
+}
+
+// publisher charges to the connection the publish errors of a connection
+// that is gone before watermill-amqp noticed it (a write on a closed
+// socket when it opens its channel), which Health cannot see yet.
+type publisher struct{ message.Publisher }
+
+func (p publisher) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	if err != nil && connectionError(err) {
+		return fmt.Errorf("%w: %w", err, outbox.ErrTransportUnavailable)
+	}
+	return err
+}
+
+// connectionError reports whether err says the connection to the broker
+// failed rather than the message.
+func connectionError(err error) bool {
+	var ne net.Error
+	return errors.Is(err, amqp.ErrClosed) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.As(err, &ne)
 }
 
 // Marshaler writes and reads transport/rabbitmq's wire format, plus the

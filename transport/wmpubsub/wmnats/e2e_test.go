@@ -1,12 +1,14 @@
 package wmnats_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/testenv"
@@ -41,7 +43,23 @@ func TestEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		TypeTopic:       preset.Name,
+		TypeTopic: preset.Name,
+		QueueTopicExists: func(t *testing.T, queue string) bool {
+			conn, err := nats.Connect(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			js, err := conn.JetStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = js.StreamInfo(preset.Name("q:" + queue))
+			if err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+				t.Fatal(err)
+			}
+			return err == nil
+		},
 		Slow:            true,
 		DedupsPublishes: true,
 		Cleanup: func(t *testing.T, queues, types []string) {

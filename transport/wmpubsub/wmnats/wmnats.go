@@ -80,7 +80,7 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			}
 			group := c.Prefix + Name("q:"+queue)
 			durable := func(_, topic string) string { return durableName(group, topic) }
-			return wmnats.NewSubscriberWithNatsConn(conn, wmnats.SubscriberSubscriptionConfig{
+			sub, err := wmnats.NewSubscriberWithNatsConn(conn, wmnats.SubscriberSubscriptionConfig{
 				Unmarshaler:      Marshaler{},
 				AckWaitTimeout:   c.AckWait,
 				CloseTimeout:     5 * time.Second,
@@ -99,6 +99,40 @@ func New(url string, configure func(c *Config)) transport.Factory {
 					},
 				},
 			}, watermill.NopLogger{})
+			if err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return &subscriber{Subscriber: sub, conn: conn, group: group, ackWait: c.AckWait}, nil
+		}
+		// A queue's topic is its stream (watermill-nats names the stream
+		// after the topic), created by the subscriber's initialization.
+		w.QueueExists = func(ctx context.Context, topic string) (bool, error) {
+			js, err := jetStream(pubConn)
+			if err != nil {
+				return false, err
+			}
+			// A request written just before a lost connection is noticed
+			// is lost with it: do not wait the caller's whole deadline.
+			ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+			defer cancel()
+			if _, err := js.StreamInfo(topic, nats.Context(ctx)); err != nil {
+				if errors.Is(err, nats.ErrStreamNotFound) {
+					return false, nil
+				}
+				return false, err
+			}
+			return true, nil
+		}
+		w.DeleteQueue = func(ctx context.Context, topic string) error {
+			js, err := jetStream(pubConn)
+			if err != nil {
+				return err
+			}
+			if err := js.DeleteStream(topic, nats.Context(ctx)); err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+				return err
+			}
+			return nil
 		}
 		w.Health = func(context.Context) error {
 			if pubConn == nil {
@@ -110,6 +144,75 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return nil
 		}
 	})
+}
+
+// subscriber creates each durable consumer itself before watermill-nats
+// subscribes to it. nats.go deletes a consumer on Unsubscribe when the
+// subscription created it: an instance stopping gracefully (watermill-nats
+// unsubscribes at Close) would delete the durable its competitors still
+// read, and the next subscription would create it again from the start of
+// the stream (every retained message delivered again). A subscription that
+// binds to an existing consumer leaves it in place.
+type subscriber struct {
+	*wmnats.Subscriber
+	conn    *nats.Conn
+	group   string
+	ackWait time.Duration
+}
+
+// SubscribeInitialize creates the topic's stream, then its durable.
+func (s *subscriber) SubscribeInitialize(topic string) error {
+	if err := s.Subscriber.SubscribeInitialize(topic); err != nil {
+		return err
+	}
+	return s.ensureConsumer(topic)
+}
+
+// Subscribe makes sure the durable exists (the stream may have been
+// created since, or the durable deleted by hand) and subscribes.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, err
+	}
+	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+// ensureConsumer adds the durable push consumer of the queue on topic's
+// stream with the settings watermill-nats subscribes with; one that
+// exists is left as it is.
+func (s *subscriber) ensureConsumer(topic string) error {
+	js, err := s.conn.JetStream()
+	if err != nil {
+		return err
+	}
+	name := durableName(s.group, topic)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.ConsumerInfo(topic, name, nats.Context(ctx)); err == nil {
+		return nil
+	}
+	_, err = js.AddConsumer(topic, &nats.ConsumerConfig{
+		Durable: name, DeliverSubject: nats.NewInbox(), DeliverGroup: name,
+		AckPolicy: nats.AckExplicitPolicy, AckWait: s.ackWait, MaxDeliver: -1, DeliverPolicy: nats.DeliverAllPolicy,
+	}, nats.Context(ctx))
+	if err != nil && !errors.Is(err, nats.ErrConsumerNameAlreadyInUse) {
+		if _, ierr := js.ConsumerInfo(topic, name); ierr == nil {
+			return nil // a competitor created it meanwhile
+		}
+		return fmt.Errorf("wmnats: create durable %q on stream %q: %w", name, topic, err)
+	}
+	return nil
+}
+
+// lookupTimeout bounds a stream look-up.
+const lookupTimeout = 2 * time.Second
+
+// jetStream returns the JetStream context of the publisher's connection.
+func jetStream(conn *nats.Conn) (nats.JetStreamContext, error) {
+	if conn == nil {
+		return nil, errors.New("wmnats: not connected yet")
+	}
+	return conn.JetStream()
 }
 
 func connect(ctx context.Context, url string, opts []nats.Option) (*nats.Conn, error) {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/transport/transporttest"
@@ -59,9 +60,14 @@ func deleteStreams(t *testing.T, addr string, queues, types []string) {
 // Close within the suite's timeout.
 func TestConformance(t *testing.T) {
 	addr := testenv.RedisAddr(t)
+	px, err := tcpproxy.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
 	transporttest.Run(t, transporttest.Config{
 		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
-			return wmredis.New(addr, func(c *wmredis.Config) {
+			return wmredis.New(px.Addr(), func(c *wmredis.Config) {
 				declare(&c.Endpoints)
 				c.MaxIdleTime = time.Second
 				c.ClaimInterval = 500 * time.Millisecond
@@ -69,6 +75,12 @@ func TestConformance(t *testing.T) {
 			})
 		},
 		Durable: true,
+		// Every connection of the transport goes through the proxy.
+		Reconnect: func(t *testing.T, _ transport.Transport) {
+			if px.Cut() == 0 {
+				t.Fatal("no connection through the proxy to cut")
+			}
+		},
 		Cleanup: func(t *testing.T, queues, types []string) { deleteStreams(t, addr, queues, types) },
 	})
 }

@@ -2,6 +2,7 @@ package wmredis_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,7 +56,39 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: func(typ string) string { return typ },
-		Slow:      true,
+		QueueTopicExists: func(t *testing.T, queue string) bool {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			n, err := c.Exists(context.Background(), wmredis.QueuePrefix+queue).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		},
+		// A consumer "departed" reads the entries into its pending list
+		// (XREADGROUP, no XACK) and is never heard from again.
+		Orphan: func(t *testing.T, topic, group string, msgs ...*message.Message) {
+			ctx := context.Background()
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			if err := c.XGroupCreateMkStream(ctx, topic, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				values, err := wmredis.Marshaller{}.Marshal(topic, m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.XAdd(ctx, &redis.XAddArgs{Stream: topic, Values: values}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			read, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "departed", Streams: []string{topic, ">"}, Count: int64(len(msgs)), Block: -1}).Result()
+			if err != nil || len(read) != 1 || len(read[0].Messages) != len(msgs) {
+				t.Fatalf("XREADGROUP as the departed consumer: %v, %v", read, err)
+			}
+		},
+		Slow: true,
 		Cleanup: func(t *testing.T, queues, types []string) {
 			var direct []string
 			for _, x := range types {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -87,7 +88,7 @@ func New(addr string, configure func(c *Config)) transport.Factory {
 		}
 		w.Subscriber = func(_ context.Context, queue string) (message.Subscriber, error) {
 			opts := c.Options
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
+			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client:                        redis.NewClient(&opts),
 				Unmarshaller:                  Marshaller{},
 				Consumer:                      c.Consumer,
@@ -98,6 +99,19 @@ func New(addr string, configure func(c *Config)) transport.Factory {
 				OldestId:                      "0",
 				DisableIndefiniteInitialBlock: true,
 			}, watermill.NopLogger{})
+			if err != nil {
+				return nil, err
+			}
+			return &subscriber{Subscriber: sub, client: health, group: c.Prefix + queue}, nil
+		}
+		// A queue's topic is a stream, created with its consumer group by
+		// the subscriber's initialization.
+		w.QueueExists = func(ctx context.Context, topic string) (bool, error) {
+			n, err := health.Exists(ctx, topic).Result()
+			return n > 0, err
+		}
+		w.DeleteQueue = func(ctx context.Context, topic string) error {
+			return health.Del(ctx, topic).Err()
 		}
 		w.Health = func(ctx context.Context) error {
 			if err := health.Ping(ctx).Err(); err != nil {
@@ -107,6 +121,27 @@ func New(addr string, configure func(c *Config)) transport.Factory {
 		}
 		w.OnClose = health.Close
 	})
+}
+
+// subscriber creates its consumer group (and the stream) when the adapter
+// initializes a topic, so that a queue exists from its endpoint's start:
+// watermill-redisstream creates the group at the first Subscribe only.
+type subscriber struct {
+	*redisstream.Subscriber
+	client *redis.Client
+	group  string
+}
+
+// SubscribeInitialize creates the group on topic from its first entry
+// (XGROUP CREATE ... 0 MKSTREAM); an existing group is left as it is.
+func (s *subscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.client.XGroupCreateMkStream(ctx, topic, s.group, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("wmredis: create consumer group %q on %q: %w", s.group, topic, err)
+	}
+	return nil
 }
 
 // QueuePrefix is put in front of a queue's name to make its stream's (types

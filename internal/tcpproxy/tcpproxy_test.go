@@ -1,0 +1,77 @@
+package tcpproxy_test
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/barewire-go/barewire/internal/tcpproxy"
+)
+
+// TestCut: bytes flow both ways through the proxy; Cut ends the client's
+// connection (its read fails) and a new one works.
+func TestCut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // echo lines
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					l, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					_, _ = c.Write([]byte(l))
+				}
+			}()
+		}
+	}()
+	p, err := tcpproxy.New(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	echo := func(c net.Conn) error {
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		l, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && l != "ping\n" {
+			t.Fatalf("echo %q", l)
+		}
+		return err
+	}
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echo(c); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	if n := p.Cut(); n != 1 {
+		t.Fatalf("Cut cut %d connections, want 1", n)
+	}
+	if err := echo(c); err == nil {
+		t.Fatal("the cut connection still works")
+	}
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := echo(c2); err != nil {
+		t.Fatalf("a new connection after Cut: %v", err)
+	}
+}

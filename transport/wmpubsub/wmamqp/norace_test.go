@@ -1,0 +1,5 @@
+//go:build !race
+
+package wmamqp_test
+
+const raceEnabled = false
