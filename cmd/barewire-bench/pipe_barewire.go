@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -40,7 +41,10 @@ type barewirePipe struct {
 	// database instead of RabbitMQ: PublishTx writes the message to the
 	// queue table in the producer's transaction (no outbox row, no relay).
 	pgTransport bool
-	lg          logger.Interface
+	// cluster runs the bus on the RabbitMQ cluster of -cluster, every
+	// endpoint on a quorum queue (rabbitmq.Config.QueueType).
+	cluster bool
+	lg      logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -66,9 +70,20 @@ func newPGTransport(cfg *config, e *env, tr *tracker, label string) *barewirePip
 	return p
 }
 
+// newCluster is the e2e pipeline on the RabbitMQ cluster, with a quorum
+// queue.
+func newCluster(cfg *config, e *env, tr *tracker, label string) *barewirePipe {
+	p := newBareWire(cfg, e, tr, label)
+	p.cluster = true
+	return p
+}
+
 func (p *barewirePipe) Name() string {
 	if p.pgTransport {
 		return "barewire-pg-transport"
+	}
+	if p.cluster {
+		return "barewire-cluster-quorum"
 	}
 	return "barewire"
 }
@@ -86,6 +101,8 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 	p.env.addTables(p.prefix+"inbox", p.prefix+"outbox", p.orders, p.effects)
 	if p.pgTransport {
 		p.env.addTables(p.prefix+"queue_messages", p.prefix+"queues", p.prefix+"bindings")
+	} else if p.cluster {
+		p.env.addClusterTopology([]string{p.queue, p.queue + "_error"}, []string{p.typ})
 	} else {
 		p.env.addQueues(p.queue, p.queue+"_error")
 		p.env.addExchanges(p.typ)
@@ -135,6 +152,12 @@ func (p *barewirePipe) options() []bus.Option {
 	if p.pgTransport {
 		return append(opts, bus.WithTransport(pgtransport.New(p.db, func(c *pgtransport.Config) {
 			c.TablePrefix = p.prefix
+			declare(&c.Endpoints)
+		})))
+	}
+	if p.cluster {
+		return append(opts, bus.WithTransport(rabbitmq.New(p.env.cluster, func(c *rabbitmq.Config) {
+			c.QueueType = endpoint.Quorum
 			declare(&c.Endpoints)
 		})))
 	}
@@ -230,7 +253,11 @@ func (p *barewirePipe) Diag(ctx context.Context) map[string]any {
 		}
 		return d
 	}
-	return waiting(ctx, p, p.prefix+"outbox", p.env.url, p.queue, func(ctx context.Context, q string) (int64, error) {
+	url := p.env.url
+	if p.cluster {
+		url, _, _ = strings.Cut(p.env.cluster, ",") // queue depth on node 1 (any node answers for a quorum queue)
+	}
+	return waiting(ctx, p, p.prefix+"outbox", url, p.queue, func(ctx context.Context, q string) (int64, error) {
 		var n int64
 		err := p.db.WithContext(ctx).Raw(q).Scan(&n).Error
 		return n, err
