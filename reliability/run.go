@@ -72,6 +72,10 @@ type Env struct {
 	Logf func(format string, args ...any)
 	// Keep keeps the run's tables and queues even when the run passed.
 	Keep bool
+	// Cluster, when set, runs the RabbitMQ transport on a cluster (see
+	// ForCluster): AMQPURL lists its nodes, the node faults act on it, and
+	// queue depths are read from a running node.
+	Cluster *Cluster
 }
 
 // Result is the outcome of a run.
@@ -104,6 +108,8 @@ type Result struct {
 	Notes []string
 	// Poison is the poison checker's report (phased profiles only).
 	Poison *PoisonReport
+	// Cluster reports each node fault (cluster runs only).
+	Cluster *ClusterReport
 	// PhaseLog says when each phase ran (phased profiles).
 	PhaseLog []string
 }
@@ -167,6 +173,9 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	r.db = db
 	defer closeDB(db)
 	r.queues = env.Broker
+	if env.Cluster != nil {
+		r.queues = env.Cluster
+	}
 	if prof.Transport == TransportPostgres {
 		r.queues = &pgQueues{db: db, names: r.names}
 	}
@@ -233,6 +242,9 @@ func (r *run) baseArgs(name string, roles ...string) []string {
 	if p.Retries > 0 {
 		args = append(args, "-retries", strconv.Itoa(p.Retries))
 	}
+	if p.QueueType != "" {
+		args = append(args, "-queue-type", p.QueueType)
+	}
 	if p.Transport == TransportPostgres {
 		// Each handler holds a pooled connection for its transaction, and
 		// the transport needs one more for LISTEN and one per claim, ack
@@ -284,7 +296,7 @@ func (r *run) execute(ctx context.Context) error {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		var extraEnv []string
 		var px *Proxy
-		if p.Transport == TransportRabbitMQ {
+		if p.Transport == TransportRabbitMQ && r.env.Cluster == nil { // a cluster's faults are its nodes'
 			target, err := brokerHostPort(r.env.AMQPURL)
 			if err != nil {
 				return err
@@ -483,6 +495,11 @@ func (r *run) collect(ctx context.Context) error {
 			return err
 		}
 	}
+	if r.env.Cluster != nil {
+		if r.res.Cluster, err = r.clusterReport(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -592,6 +609,9 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if kind == FaultNodeKill || kind == FaultNodeStop {
+		return r.nodeFault(ctx, kind, n)
+	}
 
 	switch kind {
 	case FaultConsumerKill:

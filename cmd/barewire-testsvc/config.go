@@ -46,6 +46,9 @@ type config struct {
 	// PGLease is the PostgreSQL transport's Lease: how soon the message
 	// of a killed or frozen consumer can be claimed again.
 	PGLease time.Duration
+	// QueueType is the RabbitMQ transport's Config.QueueType: classic
+	// (the default) or quorum (the cluster profile).
+	QueueType string
 
 	// Bus and inbox/outbox tuning.
 	InboxLockTimeout time.Duration
@@ -100,6 +103,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.Instance, "instance", "", "instance name in logs, leases and effect rows (default: host-pid)")
 	fs.StringVar(&c.Transport, "transport", transportRabbitMQ, "transport: rabbitmq or postgres (postgres needs no AMQP URL: queues are tables in the PostgreSQL database)")
 	fs.DurationVar(&c.PGLease, "pg-lease", 0, "postgres transport: Lease, how soon a killed or frozen consumer's message is claimed again (0: -inbox-lock-timeout plus 1s, so that the redelivery finds the inbox lock expired and takes it over)")
+	fs.StringVar(&c.QueueType, "queue-type", "classic", "rabbitmq transport: type of the endpoint and error queues, classic or quorum (rabbitmq.Config.QueueType)")
 	fs.DurationVar(&c.InboxLockTimeout, "inbox-lock-timeout", 3*time.Second, "InboxLockTimeout")
 	fs.DurationVar(&c.RelayLease, "relay-lease", 3*time.Second, "outbox RelayLease")
 	fs.DurationVar(&c.PollingInterval, "polling-interval", time.Second, "outbox PollingInterval")
@@ -184,6 +188,9 @@ func (c *config) validate() error {
 	case transportRabbitMQ:
 		if c.AMQPURL == "" {
 			bad("no RabbitMQ URL: set BAREWIRE_AMQP_URL or -amqp-url (or choose -transport postgres)")
+		}
+		if c.QueueType != "classic" && c.QueueType != "quorum" {
+			bad("-queue-type %q: use classic or quorum", c.QueueType)
 		}
 	case transportPostgres:
 		// The lease is extended every third of itself while a handler
