@@ -254,8 +254,12 @@ type NodeFaultReport struct {
 	// Down is from the kill or stop to the node answering again.
 	Down time.Duration
 	// Reconnect is, per process that lost its connection, the time from
-	// the fault to its new connection with the topology declared; Again,
-	// per consumer process, to its first effect committed after that.
+	// the loss (its transport's "connection lost" log line: for a SIGKILL
+	// on this host the same millisecond, the kernel resets the sockets;
+	// for a graceful stop, when the node closes its client connections,
+	// seconds into rabbitmqctl stop) to its new connection with the
+	// topology declared; Again, per consumer process, from the loss to its
+	// first effect committed after the reconnect.
 	Reconnect, Again map[string]time.Duration
 	// Missing names processes that lost their connection and had not
 	// reconnected (or consumed) by the time the node was back.
@@ -302,7 +306,7 @@ func (r *run) clusterReport(ctx context.Context) (*ClusterReport, error) {
 			if !ok {
 				continue
 			}
-			d := back.Sub(ev.at)
+			d := back.Sub(lost)
 			f.Reconnect[name] = d
 			rep.Reconnects = append(rep.Reconnects, d)
 			if !consumers[name] {
@@ -322,7 +326,7 @@ func (r *run) clusterReport(ctx context.Context) (*ClusterReport, error) {
 				}
 				continue
 			}
-			a := first.Sub(ev.at)
+			a := first.Sub(lost)
 			f.Again[name] = a
 			rep.Again = append(rep.Again, a)
 		}
