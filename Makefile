@@ -12,12 +12,14 @@ all: lint test
 ## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport), and
 ## the short and poison-short profiles on the Watermill presets (TestReliabilityWatermill,
 ## TestPoisonWatermill: about 7 minutes for the three, without the PostgreSQL restart).
+## TestReliabilityCluster is left out until the quorum-queue loss it found is fixed
+## (docs/guarantees.md, known defects); run it with `make reliability TRANSPORT=cluster`.
 ## The wmamqp conformance suite runs once more without -race: its reconnect case is
 ## skipped under -race, as watermill-amqp v3.0.2's reconnect races.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
 	$(GO) test -count=1 -timeout 2m -run '^TestConformance$$' ./transport/wmpubsub/wmamqp/
-	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill' ./reliability/...
+	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 
 ## test-short: embedded-only tests (no services)
@@ -69,7 +71,7 @@ check-docs:
 ## test-cluster: start the 3-node RabbitMQ cluster beside the machine's broker
 ## (scripts/rabbitmq-cluster.sh, AMQP ports 5681-5683) and run TestClusterNodeLoss on it (needs
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL); `scripts/rabbitmq-cluster.sh stop` after.
-## There is no `make reliability TRANSPORT=cluster` profile yet.
+## The fault profile on the cluster is `make reliability TRANSPORT=cluster`.
 .PHONY: test-cluster
 test-cluster:
 	scripts/rabbitmq-cluster.sh start
@@ -79,11 +81,15 @@ test-cluster:
 ## TRANSPORT=rabbitmq (the default: RabbitMQ + PostgreSQL, TestReliability; needs
 ## BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL) or TRANSPORT=postgres (the
 ## PostgreSQL transport alone, TestReliabilityPostgresTransport; needs
-## BAREWIRE_TEST_POSTGRES_DSN only) or a Watermill preset, TRANSPORT=wmamqp, wmnats or
+## BAREWIRE_TEST_POSTGRES_DSN only), a Watermill preset, TRANSPORT=wmamqp, wmnats or
 ## wmredis (TestReliabilityWatermill/<preset>: watermill-amqp on RabbitMQ, JetStream,
 ## Redis Streams, each consumer's connections through a TCP proxy that broker-close and
 ## stop-cont cut; also BAREWIRE_TEST_NATS_URL / BAREWIRE_TEST_REDIS_ADDR; the short profile
-## there is CI-sized, 1,500 messages, 1,000 on wmamqp); prints the checker's summary last.
+## there is CI-sized, 1,500 messages, 1,000 on wmamqp), or TRANSPORT=cluster
+## (TestReliabilityCluster: the 3-node cluster of scripts/rabbitmq-cluster.sh, started first
+## if it is not running, with quorum queues; node kills and stops of the queues' leaders;
+## BAREWIRE_TEST_AMQP_CLUSTER_URLS defaults to the script's URLs); prints the checker's
+## summary last.
 ## PROFILE=poison (TestPoison / TestPoisonPostgresTransport; PROFILE=poison-short is the
 ## CI size, run by `make test`): no faults; good traffic in baseline, poison and baseline
 ## phases, 1.5 % of each poison class (consumer errors, Permanent, panics, aborted
@@ -96,11 +102,12 @@ test-cluster:
 PROFILE ?= short
 TRANSPORT ?= rabbitmq
 RELIABILITY_KIND = $(if $(filter poison poison-short,$(PROFILE)),TestPoison,TestReliability)
-RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(if $(filter wmamqp wmnats wmredis,$(TRANSPORT)),$(RELIABILITY_KIND)Watermill/$(TRANSPORT),$(error TRANSPORT=$(TRANSPORT): use rabbitmq, postgres, wmamqp, wmnats or wmredis))))
+RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(if $(filter wmamqp wmnats wmredis,$(TRANSPORT)),$(RELIABILITY_KIND)Watermill/$(TRANSPORT),$(if $(filter cluster,$(TRANSPORT)),$(if $(filter TestPoison,$(RELIABILITY_KIND)),$(error PROFILE=$(PROFILE) has no cluster variant: use short or long),TestReliabilityCluster),$(error TRANSPORT=$(TRANSPORT): use rabbitmq, postgres, wmamqp, wmnats, wmredis or cluster)))))
+RELIABILITY_CLUSTER = $(if $(filter cluster,$(TRANSPORT)),scripts/rabbitmq-cluster.sh start >/dev/null && BAREWIRE_TEST_AMQP_CLUSTER_URLS=$${BAREWIRE_TEST_AMQP_CLUSTER_URLS:-$$(scripts/rabbitmq-cluster.sh urls)},)
 RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(TRANSPORT)-$(PROFILE).txt
 reliability:
 	@rm -f $(RELIABILITY_SUMMARY)
-	@BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) $(if $(filter TestPoison,$(RELIABILITY_KIND)),,BAREWIRE_RELIABILITY_PG_RESTART=1) \
+	@$(RELIABILITY_CLUSTER) BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) $(if $(filter TestPoison,$(RELIABILITY_KIND)),,BAREWIRE_RELIABILITY_PG_RESTART=1) \
 		$(GO) test -race -count=1 -v -run '$(RELIABILITY_TEST)$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
 		status=$$?; echo; \
 		if [ -f $(RELIABILITY_SUMMARY) ]; then cat $(RELIABILITY_SUMMARY); else echo "reliability: no summary was written (see the output above)"; fi; \

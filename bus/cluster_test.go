@@ -319,6 +319,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	// reconnected (deliveries in flight at the kill may commit before),
 	// looked up once the run is over so that a slow resume is measured,
 	// not mistaken for none; the bound is 15 s after the loss.
+	var agains []time.Duration
 	for i, name := range names {
 		var first sql.NullTime
 		since := killedAt.Add(back[i])
@@ -331,6 +332,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		}
 		again := first.Time.Sub(killedAt)
 		t.Logf("instance %s consuming again %.2fs after the kill (reconnected after %.2fs)", name, again.Seconds(), back[i].Seconds())
+		agains = append(agains, again)
 		if again > 15*time.Second {
 			t.Errorf("instance %s consumed again only %.2fs after the kill; the bound is 15s", name, again.Seconds())
 		}
@@ -384,6 +386,14 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	if p50 > 5*time.Second || maxR > 15*time.Second {
 		t.Errorf("reconnect p50 %v max %v; targets 5s and 15s", p50, maxR)
+	}
+	// Consuming again, not only connected: at 56f7633 both instances
+	// reconnected in 0.9 s but consumed nothing new for 12.6 s, their
+	// relays' publishes nacked by the quorum queue (see the transport's
+	// releasePublisher).
+	slices.Sort(agains)
+	if len(agains) > 0 && agains[(len(agains)-1)/2] > 5*time.Second {
+		t.Errorf("consuming again after the kill: p50 %v; the target is 5s", agains[(len(agains)-1)/2])
 	}
 	for i, b := range buses {
 		rep := b.CheckHealth(context.Background())

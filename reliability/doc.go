@@ -13,6 +13,12 @@
 // transport (Profile.Transport, see ForPostgresTransport; `make reliability
 // TRANSPORT=postgres`): no broker, db-close instead of broker-close, and
 // relay-kill reported as skipped since no message goes through the outbox.
+// TestReliabilityCluster runs them on a 3-node RabbitMQ cluster with
+// quorum queues (ForCluster, Env.Cluster; `make reliability
+// TRANSPORT=cluster`; BAREWIRE_TEST_AMQP_CLUSTER_URLS): node-kill and
+// node-stop replace broker-close and stop-cont, and ClusterReport gives each
+// process's reconnect and consuming-again times and the throughput around
+// every node fault.
 // They need BAREWIRE_TEST_POSTGRES_DSN, and on RabbitMQ
 // BAREWIRE_TEST_AMQP_URL (see internal/testenv); for two of the faults,
 // rabbitmqctl and a command that restarts PostgreSQL (see

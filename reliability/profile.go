@@ -58,6 +58,12 @@ type Profile struct {
 	// Transport is TransportRabbitMQ (also when empty) or
 	// TransportPostgres (see ForPostgresTransport).
 	Transport string
+	// QueueType is the RabbitMQ endpoint queues' type, "classic" (also
+	// when empty) or "quorum" (ForCluster).
+	QueueType string
+	// NodeHold is how long a node fault (FaultNodeKill, FaultNodeStop)
+	// keeps its node down before starting it again (ForCluster).
+	NodeHold time.Duration
 	// Lease is the PostgreSQL transport's Lease (how soon a killed or
 	// frozen consumer's message is claimed again); unused on RabbitMQ.
 	Lease time.Duration

@@ -75,6 +75,10 @@ type Env struct {
 	// NATSURL and RedisAddr are the servers of the wmnats and wmredis
 	// presets (see ForWatermill).
 	NATSURL, RedisAddr string
+	// Cluster, when set, runs the RabbitMQ transport on a cluster (see
+	// ForCluster): AMQPURL lists its nodes, the node faults act on it, and
+	// queue depths are read from a running node.
+	Cluster *Cluster
 }
 
 // Result is the outcome of a run.
@@ -107,6 +111,8 @@ type Result struct {
 	Notes []string
 	// Poison is the poison checker's report (phased profiles only).
 	Poison *PoisonReport
+	// Cluster reports each node fault (cluster runs only).
+	Cluster *ClusterReport
 	// PhaseLog says when each phase ran (phased profiles).
 	PhaseLog []string
 }
@@ -174,6 +180,9 @@ func Run(ctx context.Context, env Env, prof Profile) (*Result, error) {
 	r.db = db
 	defer closeDB(db)
 	r.queues = env.Broker
+	if env.Cluster != nil {
+		r.queues = env.Cluster
+	}
 	switch prof.Transport {
 	case TransportPostgres:
 		r.queues = &pgQueues{db: db, names: r.names}
@@ -248,6 +257,9 @@ func (r *run) baseArgs(name string, roles ...string) []string {
 	if p.Redelivery > 0 {
 		args = append(args, "-wm-redelivery", p.Redelivery.String())
 	}
+	if p.QueueType != "" {
+		args = append(args, "-queue-type", p.QueueType)
+	}
 	if p.Transport == TransportPostgres {
 		// Each handler holds a pooled connection for its transaction, and
 		// the transport needs one more for LISTEN and one per claim, ack
@@ -300,7 +312,7 @@ func (r *run) execute(ctx context.Context) error {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		var extraEnv []string
 		var px *Proxy
-		if p.Transport == TransportRabbitMQ || IsWatermill(p.Transport) {
+		if (p.Transport == TransportRabbitMQ && r.env.Cluster == nil) || IsWatermill(p.Transport) { // a cluster's faults are its nodes'
 			target, err := r.env.serverHostPort(p.Transport)
 			if err != nil {
 				return err
@@ -505,6 +517,11 @@ func (r *run) collect(ctx context.Context) error {
 			return err
 		}
 	}
+	if r.env.Cluster != nil {
+		if r.res.Cluster, err = r.clusterReport(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -614,6 +631,9 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if kind == FaultNodeKill || kind == FaultNodeStop {
+		return r.nodeFault(ctx, kind, n)
+	}
 
 	switch kind {
 	case FaultConsumerKill:

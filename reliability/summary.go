@@ -37,6 +37,9 @@ func (r *Result) Failures() []string {
 			out = append(out, fmt.Sprintf("%d messages left in %s after the run", n, q))
 		}
 	}
+	if r.Cluster != nil {
+		out = append(out, r.Cluster.Failures()...)
+	}
 	out = append(out, r.Problems...)
 	return out
 }
@@ -86,7 +89,7 @@ func (r *Result) Summary() string {
 	line("settings: InboxLockTimeout %s, RelayLease %s, handler delay %s, concurrency %d/endpoint, first-attempt failure ratio %.2f, rollback %.2f, republish %.2f, kill-after-confirm %.2f/batch",
 		p.InboxLockTimeout, p.RelayLease, p.HandlerDelay, p.Concurrency, p.FailFirst, p.RollbackRatio, p.RepublishRatio, p.KillAfterConfirm)
 	var faults []string
-	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultBrokerClose, FaultDBClose, FaultStopCont, FaultPGRestart} {
+	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultBrokerClose, FaultDBClose, FaultStopCont, FaultPGRestart, FaultNodeKill, FaultNodeStop} {
 		if n := r.Faults[k]; n > 0 {
 			s := fmt.Sprintf("%s %d", k, n)
 			if k == FaultConsumerKill {
@@ -137,6 +140,11 @@ func (r *Result) Summary() string {
 		where = "queue tables"
 	}
 	line("  %s: %d dead letters in error queues, %d messages left in endpoint queues", where, dl, left)
+	if r.Cluster != nil {
+		for _, l := range r.Cluster.Lines() {
+			line("%s", l)
+		}
+	}
 	for _, l := range r.PhaseLog {
 		line("phase %s", l)
 	}

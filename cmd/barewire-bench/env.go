@@ -16,19 +16,50 @@ import (
 // queue and exchange it creates, and the list of what to remove at the end.
 type env struct {
 	dsn, url string
-	suffix   string
-	keep     bool
+	// cluster lists a RabbitMQ cluster's node URLs, comma-separated (the
+	// e2e-cluster scenario); empty without one.
+	cluster string
+	suffix  string
+	keep    bool
 
 	mu     sync.Mutex
 	tables []string
 	queues []string
 	exchs  []string
+	// cqueues and cexchs live on the cluster.
+	cqueues []string
+	cexchs  []string
 }
 
-func newEnv(dsn, url string, keep bool) *env {
+func newEnv(dsn, url, cluster string, keep bool) *env {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &env{dsn: dsn, url: url, suffix: hex.EncodeToString(b), keep: keep}
+	return &env{dsn: dsn, url: url, cluster: cluster, suffix: hex.EncodeToString(b), keep: keep}
+}
+
+func (e *env) addClusterTopology(queues, exchanges []string) {
+	e.mu.Lock()
+	e.cqueues = append(e.cqueues, queues...)
+	e.cexchs = append(e.cexchs, exchanges...)
+	e.mu.Unlock()
+}
+
+// clusterNode returns the URL of the first cluster node that accepts a
+// connection, with the connection.
+func (e *env) clusterNode() (string, *amqp.Connection, error) {
+	var errs []error
+	for _, u := range strings.Split(e.cluster, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			continue
+		}
+		conn, err := amqp.Dial(u)
+		if err == nil {
+			return u, conn, nil
+		}
+		errs = append(errs, err)
+	}
+	return "", nil, fmt.Errorf("no cluster node answers: %w", joinErrs(errs...))
 }
 
 // name returns a unique identifier-safe name for kind, remembered for
@@ -60,12 +91,21 @@ func (e *env) addExchanges(names ...string) {
 func (e *env) cleanup(ctx context.Context) error {
 	e.mu.Lock()
 	tables, queues, exchs := e.tables, e.queues, e.exchs
-	e.tables, e.queues, e.exchs = nil, nil, nil
+	cqueues, cexchs := e.cqueues, e.cexchs
+	e.tables, e.queues, e.exchs, e.cqueues, e.cexchs = nil, nil, nil, nil, nil
 	e.mu.Unlock()
 	if e.keep {
 		return nil
 	}
 	var errs []error
+	if len(cqueues)+len(cexchs) > 0 {
+		if _, conn, err := e.clusterNode(); err != nil {
+			errs = append(errs, err)
+		} else {
+			errs = append(errs, deleteTopology(conn, cqueues, cexchs)...)
+			_ = conn.Close()
+		}
+	}
 	if len(tables) > 0 {
 		pool, err := pgxpool.New(ctx, e.dsn)
 		if err != nil {
@@ -84,28 +124,33 @@ func (e *env) cleanup(ctx context.Context) error {
 		if err != nil {
 			errs = append(errs, err)
 		} else {
-			for _, q := range queues {
-				ch, err := conn.Channel()
-				if err != nil {
-					errs = append(errs, err)
-					break
-				}
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_ = ch.Close()
-			}
-			for _, x := range exchs {
-				ch, err := conn.Channel()
-				if err != nil {
-					errs = append(errs, err)
-					break
-				}
-				_ = ch.ExchangeDelete(x, false, false)
-				_ = ch.Close()
-			}
+			errs = append(errs, deleteTopology(conn, queues, exchs)...)
 			_ = conn.Close()
 		}
 	}
 	return joinErrs(errs...)
+}
+
+// deleteTopology deletes queues and exchanges on conn.
+func deleteTopology(conn *amqp.Connection, queues, exchs []string) []error {
+	var errs []error
+	for _, q := range queues {
+		ch, err := conn.Channel()
+		if err != nil {
+			return append(errs, err)
+		}
+		_, _ = ch.QueueDelete(q, false, false, false)
+		_ = ch.Close()
+	}
+	for _, x := range exchs {
+		ch, err := conn.Channel()
+		if err != nil {
+			return append(errs, err)
+		}
+		_ = ch.ExchangeDelete(x, false, false)
+		_ = ch.Close()
+	}
+	return errs
 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

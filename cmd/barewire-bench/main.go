@@ -17,10 +17,12 @@
 // BAREWIRE_TEST_NATS_URL, wmredis on BAREWIRE_TEST_REDIS_ADDR), watermill-forwarder,
 // idle-latency, embedded, inbox-overhead, backlog, sweep, soak, saga
 // (saga transitions per second beside a plain consumer doing the same
-// writes, without and with contention), all (a
+// writes, without and with contention), e2e-cluster (the e2e pipeline on
+// the RabbitMQ cluster of -cluster with a quorum queue, beside this run's
+// single-broker e2e), all (a
 // comma-separated list works too). Services come from -postgres and -amqp, defaulting to
 // BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL, then to local
-// defaults. Every table, queue and exchange a run creates has a unique name
+// defaults; -cluster from BAREWIRE_TEST_AMQP_CLUSTER_URLS. Every table, queue and exchange a run creates has a unique name
 // and is removed at the end (unless -keep).
 package main
 
@@ -62,6 +64,7 @@ type config struct {
 	plot         string
 	cpuprofile   string
 	dsn, url     string
+	cluster      string
 	keep         bool
 	drain        time.Duration
 	rounds       int
@@ -73,7 +76,7 @@ type config struct {
 
 var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog", "scheduled"}
 
-var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "all")
+var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "e2e-cluster", "all")
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
@@ -107,6 +110,7 @@ func parseFlags() (*config, error) {
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the e2e scenario's closed-loop run to this file")
 	flag.StringVar(&c.dsn, "postgres", envOr("BAREWIRE_TEST_POSTGRES_DSN", "host=127.0.0.1 user=postgres dbname=test sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&c.url, "amqp", envOr("BAREWIRE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&c.cluster, "cluster", os.Getenv("BAREWIRE_TEST_AMQP_CLUSTER_URLS"), "e2e-cluster: the RabbitMQ cluster's node URLs, comma-separated (scripts/rabbitmq-cluster.sh urls)")
 	flag.BoolVar(&c.keep, "keep", false, "keep the tables, queues and exchanges the run created")
 	flag.IntVar(&c.rounds, "rounds", 1, "e2e: alternate baseline and e2e runs (and pg-transport runs, when selected) this many times and report medians (steadier ratios on a noisy machine)")
 	flag.StringVar(&inboxMode, "inbox", "two-phase", "inbox mode of the BareWire endpoint in e2e, fixed-rate, sweep, idle-latency and soak: two-phase (the default), single or off")

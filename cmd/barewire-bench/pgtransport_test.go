@@ -32,7 +32,7 @@ func TestPGTransportPipeline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := &config{producers: 2, consumers: 2, payload: 64, inbox: endpoint.InboxTwoPhase}
-	e := newEnv(dsn, "", false)
+	e := newEnv(dsn, "", "", false)
 	tr := newTracker()
 	p := newPGTransport(cfg, e, tr, "test")
 	t.Cleanup(func() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -43,7 +44,10 @@ type barewirePipe struct {
 	// wm names the Watermill preset (wmamqp, wmnats, wmredis) the bus runs
 	// on instead of transport/rabbitmq (see pipe_watermill.go).
 	wm string
-	lg logger.Interface
+	// cluster runs the bus on the RabbitMQ cluster of -cluster, every
+	// endpoint on a quorum queue (rabbitmq.Config.QueueType).
+	cluster bool
+	lg      logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -69,12 +73,23 @@ func newPGTransport(cfg *config, e *env, tr *tracker, label string) *barewirePip
 	return p
 }
 
+// newCluster is the e2e pipeline on the RabbitMQ cluster, with a quorum
+// queue.
+func newCluster(cfg *config, e *env, tr *tracker, label string) *barewirePipe {
+	p := newBareWire(cfg, e, tr, label)
+	p.cluster = true
+	return p
+}
+
 func (p *barewirePipe) Name() string {
 	if p.pgTransport {
 		return "barewire-pg-transport"
 	}
 	if p.wm != "" {
 		return "barewire-" + p.wm
+	}
+	if p.cluster {
+		return "barewire-cluster-quorum"
 	}
 	return "barewire"
 }
@@ -92,6 +107,8 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 	p.env.addTables(p.prefix+"inbox", p.prefix+"outbox", p.orders, p.effects)
 	if p.pgTransport {
 		p.env.addTables(p.prefix+"queue_messages", p.prefix+"queues", p.prefix+"bindings")
+	} else if p.cluster {
+		p.env.addClusterTopology([]string{p.queue, p.queue + "_error"}, []string{p.typ})
 	} else {
 		p.env.addQueues(p.queue, p.queue+"_error")
 		p.env.addExchanges(p.typ)
@@ -146,6 +163,12 @@ func (p *barewirePipe) options() []bus.Option {
 	}
 	if p.wm != "" {
 		return append(opts, bus.WithTransport(p.wmFactory(declare)))
+	}
+	if p.cluster {
+		return append(opts, bus.WithTransport(rabbitmq.New(p.env.cluster, func(c *rabbitmq.Config) {
+			c.QueueType = endpoint.Quorum
+			declare(&c.Endpoints)
+		})))
 	}
 	return append(opts, bus.WithTransport(rabbitmq.New(p.env.url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
 }
@@ -239,7 +262,11 @@ func (p *barewirePipe) Diag(ctx context.Context) map[string]any {
 		}
 		return d
 	}
-	return waiting(ctx, p, p.prefix+"outbox", p.env.url, p.queue, func(ctx context.Context, q string) (int64, error) {
+	url := p.env.url
+	if p.cluster {
+		url, _, _ = strings.Cut(p.env.cluster, ",") // queue depth on node 1 (any node answers for a quorum queue)
+	}
+	return waiting(ctx, p, p.prefix+"outbox", url, p.queue, func(ctx context.Context, q string) (int64, error) {
 		var n int64
 		err := p.db.WithContext(ctx).Raw(q).Scan(&n).Error
 		return n, err

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/barewire-go/barewire/endpoint"
@@ -39,7 +41,7 @@ type sweepPoint struct {
 }
 
 func newRunner(cfg *config) *runner {
-	e := newEnv(cfg.dsn, cfg.url, cfg.keep)
+	e := newEnv(cfg.dsn, cfg.url, cfg.cluster, cfg.keep)
 	return &runner{
 		cfg: cfg, env: e,
 		rss: startRSSSampler(250 * time.Millisecond),
@@ -96,6 +98,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.backlogScenario(ctx)
 	case "scheduled":
 		return r.scheduledScenario(ctx)
+	case "e2e-cluster":
+		return r.e2eCluster(ctx)
 	case "pg-transport":
 		return r.pgTransport(ctx)
 	case "watermill":
@@ -578,6 +582,53 @@ func (r *runner) pgTransport(ctx context.Context) error {
 	res.Notes = append([]string{"PollInterval 1s (the default); one message at a time after 300–500 ms of silence"}, res.Notes...)
 	r.add(res)
 	return nil
+}
+
+// e2eCluster measures the e2e pipeline on a RabbitMQ cluster with a
+// quorum queue, with its ratio to the baseline and to this run's
+// single-broker e2e (run e2e first in the same -scenario list for it).
+func (r *runner) e2eCluster(ctx context.Context) error {
+	if r.cfg.cluster == "" {
+		return fmt.Errorf("e2e-cluster: no cluster; pass -cluster URL1,URL2,URL3 or set BAREWIRE_TEST_AMQP_CLUSTER_URLS (scripts/rabbitmq-cluster.sh urls)")
+	}
+	if err := r.ensureBaseline(ctx); err != nil {
+		return err
+	}
+	ph := r.defaultPhase()
+	tr := newTracker()
+	res, err := r.measure(ctx, "e2e-cluster", variantFor(ph.rate), newCluster(r.cfg, r.env, tr, "e2ec"), tr, ph)
+	if err != nil {
+		return err
+	}
+	if ph.rate > 0 {
+		res.setRatio(ph.rate, "offered rate")
+	} else {
+		res.setRatio(r.basePeak, "baseline peak")
+		if r.e2ePeak > 0 {
+			if res.Extra == nil {
+				res.Extra = map[string]any{}
+			}
+			res.Extra["e2e_msgs_per_s"] = r.e2ePeak
+			res.Extra["ratio_to_e2e"] = res.MsgsPerS / r.e2ePeak
+			res.Notes = append(res.Notes, fmt.Sprintf("ratio to this run's single-broker e2e (%.0f msg/s, classic queue): %.2f", r.e2ePeak, res.MsgsPerS/r.e2ePeak))
+		} else {
+			res.Notes = append(res.Notes, "no e2e peak in this run: add e2e before e2e-cluster in -scenario for the ratio to the single broker")
+		}
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("quorum queue on the cluster %s (the bus lists every node and connects to the first)", redactURLs(r.cfg.cluster)))
+	r.add(res)
+	return nil
+}
+
+// redactURLs hides the passwords of comma-separated AMQP URLs.
+func redactURLs(list string) string {
+	var out []string
+	for _, u := range strings.Split(list, ",") {
+		if pu, err := url.Parse(strings.TrimSpace(u)); err == nil {
+			out = append(out, pu.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // embedded measures the embedded default: closed loop, then at half of

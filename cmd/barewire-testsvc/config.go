@@ -49,6 +49,9 @@ type config struct {
 	// WMRedelivery is a Watermill preset's redelivery timeout (see
 	// watermillFactory).
 	WMRedelivery time.Duration
+	// QueueType is the RabbitMQ transport's Config.QueueType: classic
+	// (the default) or quorum (the cluster profile).
+	QueueType string
 
 	// Bus and inbox/outbox tuning.
 	InboxLockTimeout time.Duration
@@ -104,6 +107,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.Transport, "transport", transportRabbitMQ, "transport: rabbitmq, postgres (needs no AMQP URL: queues are tables in the PostgreSQL database), or a Watermill preset: wmamqp, wmnats (BAREWIRE_NATS_URL), wmredis (BAREWIRE_REDIS_ADDR)")
 	fs.DurationVar(&c.PGLease, "pg-lease", 0, "postgres transport: Lease, how soon a killed or frozen consumer's message is claimed again (0: -inbox-lock-timeout plus 1s, so that the redelivery finds the inbox lock expired and takes it over)")
 	fs.DurationVar(&c.WMRedelivery, "wm-redelivery", 5*time.Second, "wmnats, wmredis: how long an unacknowledged message waits before it is delivered again (JetStream AckWait, Redis MaxIdleTime)")
+	fs.StringVar(&c.QueueType, "queue-type", "classic", "rabbitmq transport: type of the endpoint and error queues, classic or quorum (rabbitmq.Config.QueueType)")
 	fs.DurationVar(&c.InboxLockTimeout, "inbox-lock-timeout", 3*time.Second, "InboxLockTimeout")
 	fs.DurationVar(&c.RelayLease, "relay-lease", 3*time.Second, "outbox RelayLease")
 	fs.DurationVar(&c.PollingInterval, "polling-interval", time.Second, "outbox PollingInterval")
@@ -188,6 +192,9 @@ func (c *config) validate() error {
 	case transportRabbitMQ:
 		if c.AMQPURL == "" {
 			bad("no RabbitMQ URL: set BAREWIRE_AMQP_URL or -amqp-url (or choose -transport postgres)")
+		}
+		if c.QueueType != "classic" && c.QueueType != "quorum" {
+			bad("-queue-type %q: use classic or quorum", c.QueueType)
 		}
 	case transportPostgres:
 		// The lease is extended every third of itself while a handler

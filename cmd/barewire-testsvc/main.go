@@ -160,7 +160,10 @@ func (s *service) newBus() error {
 		}
 		tr = bus.WithTransport(f)
 	default:
-		tr = bus.WithTransport(rabbitmq.New(cfg.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) }))
+		tr = bus.WithTransport(rabbitmq.New(cfg.AMQPURL, func(c *rabbitmq.Config) {
+			declare(&c.Endpoints)
+			c.QueueType = endpoint.QueueType(cfg.QueueType)
+		}))
 	}
 	opts := []bus.Option{
 		bus.WithLogger(s.log),

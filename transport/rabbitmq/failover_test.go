@@ -196,6 +196,16 @@ func TestHealthNamesEveryAddressWhileReconnecting(t *testing.T) {
 			if tr.Node() != "" {
 				t.Errorf("Node() = %q while disconnected", tr.Node())
 			}
+			if !strings.Contains(err.Error(), "no connection for ") {
+				t.Errorf("health error does not say how long the transport has been disconnected: %v", err)
+			}
+			d := tr.HealthDetails()
+			if d["node"] != "" || len(d["addresses"].([]string)) != 2 {
+				t.Errorf("health details while no node answers: %v", d)
+			}
+			if s, _ := d["disconnectedForSeconds"].(float64); s <= 0 {
+				t.Errorf("health details lack disconnectedForSeconds: %v", d)
+			}
 			return
 		}
 		if time.Now().After(deadline) {

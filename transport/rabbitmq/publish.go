@@ -30,7 +30,14 @@ type publisher struct {
 	pending map[uint64]*pending // by delivery tag
 	dead    bool
 	deadErr error
+	nacked  bool          // the broker nacked a publish on ch: retire it
 	done    chan struct{} // closed once the channel is gone
+
+	// users counts the Deliver calls holding the shared publisher;
+	// retired means getPublisher hands it out no more: the last user
+	// closes its channel (both under Transport.pubMu).
+	users   int
+	retired bool
 }
 
 // pending is one published message awaiting its confirm.
@@ -45,18 +52,20 @@ type pending struct {
 }
 
 // getPublisher returns the current publisher channel, opening one when
-// needed. It never waits for a reconnect.
+// needed. It never waits for a reconnect. The caller hands it back with
+// releasePublisher.
 func (t *Transport) getPublisher() (*publisher, error) {
 	t.pubMu.Lock()
 	defer t.pubMu.Unlock()
 	if t.pubClosed {
 		return nil, fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
 	}
-	if p := t.pub; p != nil {
+	if p := t.pub; p != nil && !p.retired {
 		select {
 		case <-p.done:
 		default:
 			if !p.ch.IsClosed() {
+				p.users++
 				return p, nil
 			}
 		}
@@ -66,8 +75,42 @@ func (t *Transport) getPublisher() (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.users++
 	t.pub = p
 	return p, nil
+}
+
+// releasePublisher hands back a publisher from getPublisher. One on which
+// the broker nacked a publish is retired: later publishes get a new
+// channel, and the last user closes the old one.
+//
+// Why: a quorum queue's broker-side client state belongs to the channel.
+// On RabbitMQ 3.10 a channel that first publishes to a quorum queue while
+// the queue's leader node has just died (before a new leader is elected,
+// well under a second) has every later publish to that queue nacked, for
+// as long as the old leader stays down (measured: 20 s and more, while
+// a new channel on the same connection was confirmed 1 s after the kill).
+// Retiring the channel at the first nack ends that; a nack for a reason
+// that lasts (a full queue with overflow reject-publish) costs one
+// channel per batch.
+func (t *Transport) releasePublisher(p *publisher) {
+	p.pmu.Lock()
+	nacked := p.nacked
+	p.pmu.Unlock()
+	t.pubMu.Lock()
+	p.users--
+	if nacked && !p.retired {
+		p.retired = true
+		if t.pub == p {
+			t.pub = nil
+		}
+		t.log.Debug("rabbitmq publish channel retired after a nack")
+	}
+	closeIt := p.retired && p.users == 0
+	t.pubMu.Unlock()
+	if closeIt {
+		_ = p.ch.Close()
+	}
 }
 
 // openPublisher opens a confirm-mode channel on the current connection. The
@@ -149,7 +192,10 @@ func (p *publisher) onConfirm(c amqp.Confirmation) {
 	}
 	switch {
 	case !c.Ack:
-		pp.err = fmt.Errorf("rabbitmq: broker rejected (nacked) message %q to exchange %q with routing key %q", pp.messageID, pp.exchange, pp.key)
+		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
+		p.pmu.Lock()
+		p.nacked = true
+		p.pmu.Unlock()
 	case pp.returned != nil:
 		pp.err = &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
 			Code: pp.returned.ReplyCode, Text: pp.returned.ReplyText}
@@ -231,6 +277,17 @@ func isChannelException(code int) bool {
 		return true
 	}
 	return false
+}
+
+// nackedError is the error of a publish the broker nacked: a queue it was
+// routed to did not take it (a quorum queue without a leader, a full
+// queue with overflow reject-publish, a queue process that failed).
+type nackedError struct {
+	messageID, exchange, key string
+}
+
+func (e *nackedError) Error() string {
+	return fmt.Sprintf("rabbitmq: broker rejected (nacked) message %q to exchange %q with routing key %q", e.messageID, e.exchange, e.key)
 }
 
 // ReturnedError is the error of a mandatory publish that the broker returned
@@ -317,6 +374,11 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 	if err != nil {
 		return failAll(err)
 	}
+	defer func() {
+		if p != nil {
+			t.releasePublisher(p)
+		}
+	}()
 
 	now := time.Now()
 	rules := wire.Rules{MaxHeaderBytes: t.maxHeaderBytes()}
@@ -357,16 +419,33 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 	defer cancel()
 	p.publishAll(wctx, jobs, errs)
 
-	var again []*job
+	var nacked []*job
 	for _, j := range jobs {
-		if j.wait != nil {
-			select {
-			case <-j.wait.done:
-				errs[j.i] = j.wait.err
-			case <-wctx.Done():
-				errs[j.i] = t.waitErr(ctx, j)
+		t.waitJob(ctx, wctx, j, errs)
+		var ne *nackedError
+		if errors.As(errs[j.i], &ne) {
+			nacked = append(nacked, j)
+		}
+	}
+	if len(nacked) > 0 {
+		// Once more on a new channel (see releasePublisher): a message
+		// nacked again is charged to its row, which the relay retries
+		// after its own delay.
+		t.releasePublisher(p)
+		if p, err = t.getPublisher(); err != nil {
+			p = nil // nothing to release; the nack errors stand
+		} else {
+			for _, j := range nacked {
+				j.wait = nil
+			}
+			p.publishAll(wctx, nacked, errs)
+			for _, j := range nacked {
+				t.waitJob(ctx, wctx, j, errs)
 			}
 		}
+	}
+	var again []*job
+	for _, j := range jobs {
 		var cre *channelRefusedError
 		if errors.As(errs[j.i], &cre) {
 			again = append(again, j)
@@ -376,6 +455,20 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 		t.isolate(wctx, again, errs)
 	}
 	return errs
+}
+
+// waitJob waits for the confirm of j, if it was published, and records its
+// outcome in errs.
+func (t *Transport) waitJob(ctx, wctx context.Context, j *job, errs []error) {
+	if j.wait == nil {
+		return
+	}
+	select {
+	case <-j.wait.done:
+		errs[j.i] = j.wait.err
+	case <-wctx.Done():
+		errs[j.i] = t.waitErr(ctx, j)
+	}
 }
 
 // maxHeaderBytes bounds a message's properties and headers so that its

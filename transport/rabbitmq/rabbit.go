@@ -57,6 +57,7 @@ type Transport struct {
 	connects  atomic.Int64           // connections made: 1 + reconnects
 	node      atomic.Int32           // index in addrs of the current (or last) connection
 	dialErr   atomic.Pointer[string] // the last failed reconnect attempt, redacted; nil once connected
+	downSince atomic.Int64           // unix nanoseconds when the connection was lost; 0 while connected
 
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
@@ -271,10 +272,26 @@ func (t *Transport) Node() string {
 }
 
 // HealthDetails reports the node the transport is connected to ("node",
-// "" while disconnected), every address it may use ("addresses") and how
-// many connections it has made ("connects"), for bus.CheckHealth.
+// "" while disconnected), every address it may use ("addresses"), how
+// many connections it has made ("connects") and, after it lost its
+// connection and until it has a new one, for how long it has had none
+// ("disconnectedForSeconds"), for bus.CheckHealth.
 func (t *Transport) HealthDetails() map[string]any {
-	return map[string]any{"node": t.Node(), "addresses": t.URLs(), "connects": t.Connects()}
+	d := map[string]any{"node": t.Node(), "addresses": t.URLs(), "connects": t.Connects()}
+	if down := t.disconnectedFor(); down > 0 {
+		d["disconnectedForSeconds"] = down.Seconds()
+	}
+	return d
+}
+
+// disconnectedFor is how long the transport has been without a connection
+// since it lost one (0 while connected, and before the first connection).
+func (t *Transport) disconnectedFor() time.Duration {
+	since := t.downSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
 }
 
 // Start connects, retrying a broker that is down with exponential backoff
@@ -488,6 +505,7 @@ func (t *Transport) setUpLocked(conn *amqp.Connection) {
 	t.connects.Add(1)
 	t.blocked.Store(nil)
 	t.dialErr.Store(nil)
+	t.downSince.Store(0)
 	select {
 	case <-t.ready:
 	default:
@@ -497,6 +515,7 @@ func (t *Transport) setUpLocked(conn *amqp.Connection) {
 
 // setDown forgets the current connection.
 func (t *Transport) setDown() {
+	t.downSince.CompareAndSwap(0, time.Now().UnixNano())
 	t.mu.Lock()
 	t.conn = nil
 	select {
@@ -672,6 +691,9 @@ func (t *Transport) Health(ctx context.Context) error {
 	}
 	_, err := t.currentConn()
 	if err != nil {
+		if down := t.disconnectedFor(); down > 0 {
+			err = fmt.Errorf("%w; no connection for %s", err, down.Round(100*time.Millisecond))
+		}
 		if last := t.dialErr.Load(); last != nil {
 			return fmt.Errorf("%w; last attempt: %s", err, *last)
 		}

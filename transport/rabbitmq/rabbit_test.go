@@ -1007,3 +1007,55 @@ func TestStartWithWrongPassword(t *testing.T) {
 		t.Errorf("refused credentials were retried until the connect timeout")
 	}
 }
+
+// TestNackRetiresThePublishChannel fills a queue (max-length 1, overflow
+// reject-publish) so that the broker nacks a publish: the nack is charged
+// to that message alone (not reported as the transport being down), the
+// message is sent once more on a new channel before Deliver gives up on it,
+// and later publishes go out on a new channel, which the broker confirms
+// once the queue has room. (On a quorum queue whose leader has just died, a
+// channel that got a nack keeps getting them; see releasePublisher.)
+func TestNackRetiresThePublishChannel(t *testing.T) {
+	pl := newPlain(t)
+	queue := uniq("nack")
+	pl.cleanupQueues(queue)
+	cfg := &Config{}
+	cfg.Topology.DeclareQueue(endpoint.Queue{Name: queue, MaxLength: 1, Overflow: "reject-publish"})
+	tr := startTransport(t, cfg)
+	ctx := context.Background()
+
+	if err := tr.Deliver(ctx, []*outbox.Message{{MessageID: "fits", Destination: "queue:" + queue}})[0]; err != nil {
+		t.Fatal(err)
+	}
+	tr.pubMu.Lock()
+	first := tr.pub
+	tr.pubMu.Unlock()
+	errs := tr.Deliver(ctx, []*outbox.Message{{MessageID: "full", Destination: "queue:" + queue}})
+	var ne *nackedError
+	if !errors.As(errs[0], &ne) || !strings.Contains(errs[0].Error(), `"full"`) {
+		t.Fatalf("publish to a full queue: got %v, want the broker's nack naming the message", errs[0])
+	}
+	if errors.Is(errs[0], outbox.ErrTransportUnavailable) {
+		t.Error("a nack must count as an attempt of its row, not as the transport being down")
+	}
+	select {
+	case <-first.done: // its channel was closed by the last user
+	case <-time.After(5 * time.Second):
+		t.Fatal("the publish channel that got a nack was not closed")
+	}
+	if _, err := pl.ch().QueuePurge(queue, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Deliver(ctx, []*outbox.Message{{MessageID: "after", Destination: "queue:" + queue}})[0]; err != nil {
+		t.Fatalf("publish after the nack: %v", err)
+	}
+	tr.pubMu.Lock()
+	now := tr.pub
+	tr.pubMu.Unlock()
+	if now == nil || now == first {
+		t.Fatal("later publishes still use the channel that got the nack")
+	}
+	if got := pl.count(queue); got != 1 {
+		t.Errorf("queue holds %d, want 1", got)
+	}
+}
