@@ -30,7 +30,7 @@ var _ transport.KeyPartitioner = (*Transport)(nil)
 // BW-OrderingKey.
 func (t *Transport) PartitionsByKey() {}
 
-func orderedExchange(ep *endpoint.Endpoint) string  { return ep.Name() + ".ordered" }
+func orderedExchange(ep *endpoint.Endpoint) string { return ep.Name() + ".ordered" }
 func unkeyedExchange(ep *endpoint.Endpoint) string { return ep.Name() + ".unkeyed" }
 
 // partitionQueue is the declaration of partition queue name of ep.
