@@ -33,11 +33,11 @@ type orderEffect struct {
 	Instance string
 }
 
-// orderingScale returns the scale test's size: 100 keys × 200 messages by
-// default; BW_ORDERING_KEYS and BW_ORDERING_PER change it (the opt-in
-// long run: make test-ordering-long).
+// orderingScale returns the scale test's size: 100 keys × 30 messages by
+// default (CI); BW_ORDERING_KEYS and BW_ORDERING_PER change it (the
+// opt-in long run, make test-ordering-long, is 100 × 200).
 func orderingScale(t *testing.T) (keys, per int) {
-	keys, per = 100, 200
+	keys, per = 100, 30
 	for env, v := range map[string]*int{"BW_ORDERING_KEYS": &keys, "BW_ORDERING_PER": &per} {
 		if s := os.Getenv(env); s != "" {
 			n, err := strconv.Atoi(s)
@@ -50,7 +50,8 @@ func orderingScale(t *testing.T) (keys, per int) {
 	return keys, per
 }
 
-// TestOrderedAcrossInstancesWithKills: 100 keys × 200 messages, written
+// TestOrderedAcrossInstancesWithKills: 100 keys × 30 messages (× 200 in
+// the long run), written
 // to the outbox in transactions of one message per key (so several relays,
 // the parent's and every instance's, claim them per-key FIFO), consumed by
 // an ordered endpoint (8 partitions, single active consumer each) on three
@@ -58,8 +59,8 @@ func orderingScale(t *testing.T) (keys, per int) {
 // effect is SIGKILLed at a third and at two thirds of the run and replaced;
 // its unacknowledged messages are redelivered to the instance that takes
 // its partitions over, and some messages fail their first attempt and are
-// retried in process. Checker: every key's effects are its messages 0..199,
-// each once, in publish order.
+// retried in process. Checker: every key's effects are its messages
+// 0..per-1, each once, in publish order.
 func TestOrderedAcrossInstancesWithKills(t *testing.T) {
 	t.Parallel()
 	env := newRealEnv(t)
