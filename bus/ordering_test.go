@@ -14,6 +14,8 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/transport"
+	"github.com/barewire-go/barewire/transport/inproc"
 )
 
 type OrderStep struct {
@@ -284,5 +286,34 @@ func TestOrderingKeyFromMessage(t *testing.T) {
 	}
 	if k := <-got; k != "mine" {
 		t.Fatalf("key %q, want mine", k)
+	}
+}
+
+// unkeyedFactory builds the in-process transport hidden behind the bare
+// Transport interface: a transport that cannot route keys.
+type unkeyedFactory struct{ *inproc.Transport }
+
+func (f unkeyedFactory) Build(env transport.Env) (transport.Transport, error) {
+	tr, err := f.Transport.Build(env)
+	return struct{ transport.Transport }{tr}, err
+}
+
+// TestOrderingRefusedWithoutKeyRouting: an ordered endpoint on a transport
+// that does not implement transport.KeyPartitioner fails Start with
+// ErrOrderingUnsupported naming the endpoint, and nothing is consumed.
+func TestOrderingRefusedWithoutKeyRouting(t *testing.T) {
+	b, err := bus.New(quiet(), bus.WithTransport(unkeyedFactory{inproc.New(func(c *inproc.Config) {
+		c.ReceiveEndpoint("needs-order", func(e *endpoint.Endpoint) {
+			e.Ordered(2)
+			endpoint.Consumer(e, func(context.Context, *endpoint.Context[OrderStep]) error { return nil })
+		})
+	})}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Start(context.Background())
+	if !errors.Is(err, bus.ErrOrderingUnsupported) || !strings.Contains(err.Error(), `"needs-order"`) {
+		_ = b.Stop(context.Background())
+		t.Fatalf("Start: %v, want ErrOrderingUnsupported naming the endpoint", err)
 	}
 }
