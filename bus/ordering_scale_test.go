@@ -138,7 +138,7 @@ func TestOrderedAcrossInstancesWithKills(t *testing.T) {
 			N    int64
 			Last sql.NullString
 		}
-		env.db.Raw(`SELECT count(*) AS n, (SELECT instance FROM "`+table+`" ORDER BY id DESC LIMIT 1) AS last FROM "`+table+`"`).Scan(&r)
+		env.db.Raw(`SELECT count(*) AS n, (SELECT instance FROM "` + table + `" ORDER BY id DESC LIMIT 1) AS last FROM "` + table + `"`).Scan(&r)
 		return r.N, r.Last.String
 	}
 	// No signal crosses the processes: poll the effects table, bounded.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/wire"
@@ -315,5 +317,65 @@ func TestOrderingRefusedWithoutKeyRouting(t *testing.T) {
 	if !errors.Is(err, bus.ErrOrderingUnsupported) || !strings.Contains(err.Error(), `"needs-order"`) {
 		_ = b.Stop(context.Background())
 		t.Fatalf("Start: %v, want ErrOrderingUnsupported naming the endpoint", err)
+	}
+}
+
+// TestEndpointBecomesOrdered: an endpoint that ran unordered on RabbitMQ
+// (its type exchange bound to its queue) and is then made ordered loses
+// that binding at start, so a keyed message reaches only its partition,
+// not also the endpoint's own queue through the old binding.
+func TestEndpointBecomesOrdered(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	q, typ := env.q("becomes-ordered"), env.typ("OrderStep")
+	env.orderedCleanup(t, q, 2)
+	ctx := context.Background()
+	for _, partitions := range []int{0, 2} { // declare unordered, then ordered
+		b, err := bus.New(env.options(func(eps *endpoint.Endpoints) {
+			eps.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+				if partitions > 0 {
+					e.Ordered(partitions)
+				}
+				endpoint.Consumer(e, func(context.Context, *endpoint.Context[OrderStep]) error { return nil }, endpoint.AsMessageType(typ))
+			})
+		})...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// With no consumer running, publish a message of slot 0 (partition 0)
+	// and count where it landed.
+	ch, err := env.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, typ, "", false, false, amqp.Publishing{
+		MessageId: "slot0", Type: typ, Body: []byte(`{}`), Headers: amqp.Table{wire.HeaderOrderingSlot: "0"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := conf.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("not confirmed: %v", err)
+	}
+	count := func(name string) int {
+		st, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Messages
+	}
+	if own, p0 := count(q), count(wire.PartitionQueue(q, 0)); own != 0 || p0 != 1 {
+		t.Fatalf("endpoint queue holds %d, partition 0 holds %d; want 0 and 1", own, p0)
 	}
 }

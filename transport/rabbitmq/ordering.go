@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"fmt"
 	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -62,6 +63,16 @@ func (d *declarer) declareOrdered(ep *endpoint.Endpoint) {
 			"x-match": "all", wire.HeaderOrderingSlot: strconv.Itoa(s),
 		}})
 	}
+}
+
+// unbindDirect removes the binding of message-type exchange mt to ep's own
+// queue, which ep had when it was not ordered: left in place, it would
+// copy every message past the partitions. Removing a binding that does
+// not exist is a no-op for the broker.
+func (d *declarer) unbindDirect(mt string, ep *endpoint.Endpoint) {
+	d.do(fmt.Sprintf("removal of the binding of queue %q to exchange %q (the endpoint is ordered now)", ep.Name(), mt), func(ch *amqp.Channel) error {
+		return ch.QueueUnbind(ep.Name(), "", mt, nil)
+	})
 }
 
 // withSlot adds the BW-OrderingSlot header of a keyed message.

@@ -270,6 +270,7 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 		for _, mt := range ep.MessageTypes() {
 			if ep.Partitions() > 0 { // through the key router (ordering.go)
 				d.binding(endpoint.Binding{Exchange: mt, ToExchange: orderedExchange(ep)})
+				d.unbindDirect(mt, ep)
 				continue
 			}
 			d.binding(endpoint.Binding{Exchange: mt, Queue: ep.Name()})
