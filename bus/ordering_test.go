@@ -55,14 +55,14 @@ func (l *orderLog) leave(key string, seq int, ok bool) {
 	}
 }
 
-// TestOrderedEndpointKeepsKeyOrder: 20 keys × 50 messages published
+// TestOrderedEndpointKeepsKeyOrder: 20 keys × 30 messages published
 // interleaved to an endpoint with 4 partitions: every key's messages are
 // consumed in publish order, never two of one key at once, and exactly
 // once, though some fail their first attempt (retried in process, in their
 // partition) and one poison message is dead-lettered in the middle of its
 // key, whose later messages then go on.
 func TestOrderedEndpointKeepsKeyOrder(t *testing.T) {
-	const keys, per = 20, 50
+	const keys, per = 20, 30
 	log := newOrderLog()
 	b := start(t, quiet(), inprocEndpoint("ordered-steps", func(e *endpoint.Endpoint) {
 		e.Ordered(4)
@@ -90,7 +90,7 @@ func TestOrderedEndpointKeepsKeyOrder(t *testing.T) {
 			}
 		}
 	}
-	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed+s.DeadLettered == keys*per })
+	waitStatsWithin(t, b, 2*time.Minute, func(s bus.Stats) bool { return s.Consumed+s.DeadLettered == keys*per })
 	if st := b.Stats(); st.DeadLettered != 1 || st.Retries == 0 {
 		t.Fatalf("stats %+v: want 1 dead letter and some retries", st)
 	}
