@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test test-short lint vet staticcheck bench demo check-docs fuzz-short
+.PHONY: all test test-ordering-long test-short lint vet staticcheck bench demo check-docs fuzz-short
 
 all: lint test
 
@@ -21,6 +21,10 @@ test:
 	$(GO) test -count=1 -timeout 2m -run '^TestConformance$$' ./transport/wmpubsub/wmamqp/
 	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
+
+## test-ordering-long: the per-key ordering test at full size (100 keys x 200 messages, 3 instances, SIGKILLs)
+test-ordering-long:
+	BW_ORDERING_PER=200 $(GO) test -count=1 -timeout 15m -run '^TestOrderedAcrossInstancesWithKills$$' -v ./bus/
 
 ## test-short: embedded-only tests (no services)
 test-short:

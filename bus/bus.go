@@ -299,6 +299,9 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	} else if err := b.store.CheckSchema(ctx); err != nil {
 		return fmt.Errorf("bus: check tables (outbox.Options.DisableAutoMigrate is set, so Start does not create them): %w", err)
 	}
+	if err := checkOrdering(b.tr, b.endpoints); err != nil {
+		return err
+	}
 	if err := b.tr.Start(ctx, b.endpoints); err != nil {
 		return fmt.Errorf("bus: start transport: %w", err)
 	}
@@ -311,6 +314,11 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		h := b.handler(ep)
 		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
 			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
+		}
+		// One handler per partition: the transport hands it one message
+		// at a time, so a partition's messages run in queue order (ordering.go).
+		for _, q := range ep.PartitionQueues() {
+			router.AddConsumerHandler(q, q, b.tr.Subscriber(), h)
 		}
 	}
 	b.router = router

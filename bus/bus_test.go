@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("BW_SCHED_CHILD") != "" {
 		schedChild() // TestScheduledSurvivesSIGKILL's child process; never returns
 	}
+	if os.Getenv("BW_ORDER_CHILD") != "" {
+		orderChild() // an instance of TestOrderedAcrossInstancesWithKills; never returns
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -708,14 +708,25 @@ func Example_outboxMigrationFiles() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	initSQL, err := fs.ReadFile(files, "001_init.sql")
+	names, err := fs.Glob(files, "*.sql") // 001_init.sql, 002_ordering_key.sql, ...
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(migrationsDir, "20250601120000_barewire_init.sql"), initSQL, 0o644); err != nil {
-		log.Fatal(err)
+	for i, name := range names {
+		sql, err := fs.ReadFile(files, name)
+		if err != nil {
+			log.Fatal(err)
+		}
+		ours := fmt.Sprintf("2025060112%04d_barewire_%s", i, name[4:]) // your numbering
+		if err := os.WriteFile(filepath.Join(migrationsDir, ours), sql, 0o644); err != nil {
+			log.Fatal(err)
+		}
 	}
 	// snippet:end migration-files
+	initSQL, err := fs.ReadFile(files, names[0])
+	if err != nil {
+		log.Fatal(err)
+	}
 	for line := range strings.Lines(string(initSQL)) {
 		if strings.HasPrefix(line, "-- +goose") || strings.HasPrefix(line, "CREATE TABLE") {
 			fmt.Print(line)

@@ -69,12 +69,19 @@ func (s *busSignal) next() <-chan struct{} {
 // EventHandled is emitted, so the check after the last event sees them.
 func waitStats(t *testing.T, b *bus.Bus, cond func(bus.Stats) bool) {
 	t.Helper()
+	waitStatsWithin(t, b, 10*time.Second, cond)
+}
+
+// waitStatsWithin is waitStats with a bound of its own, for tests that
+// move many messages through SQLite under -race on a loaded machine.
+func waitStatsWithin(t *testing.T, b *bus.Bus, within time.Duration, cond func(bus.Stats) bool) {
+	t.Helper()
 	v, ok := busSignals.Load(b)
 	if !ok {
 		t.Fatal("waitStats: the bus was not started by start")
 	}
 	sig := v.(*busSignal)
-	timeout := time.NewTimer(10 * time.Second)
+	timeout := time.NewTimer(within)
 	defer timeout.Stop()
 	for {
 		next := sig.next()
@@ -85,7 +92,7 @@ func waitStats(t *testing.T, b *bus.Bus, cond func(bus.Stats) bool) {
 		select {
 		case <-next:
 		case <-timeout.C:
-			t.Fatalf("stats condition not met within 10s: %+v", st)
+			t.Fatalf("stats condition not met within %v: %+v", within, st)
 		}
 	}
 }

@@ -106,8 +106,8 @@ func TestDisableAutoMigrateWithoutTablesFailsStart(t *testing.T) {
 		t.Fatal("Start without tables succeeded")
 	}
 	var se *gormstore.SchemaError
-	if !errors.As(err, &se) || len(se.Missing) != 9 {
-		t.Fatalf("Start = %v, want a *gormstore.SchemaError with the 9 tables and indexes", err)
+	if !errors.As(err, &se) || len(se.Missing) != 11 {
+		t.Fatalf("Start = %v, want a *gormstore.SchemaError with the 11 tables, indexes and columns", err)
 	}
 	for _, part := range []string{"outbox.Options.DisableAutoMigrate", "table barewire_inbox", "table barewire_outbox", "migrations/sqlite/001_init.sql", `gormstore.Migrations("sqlite")`} {
 		if !strings.Contains(err.Error(), part) {

@@ -32,9 +32,10 @@ type config struct {
 	stopTimeout    time.Duration
 	maxMessageSize int
 	errs           []error
-	telemetry      telemetryConfig // telemetry.go
-	health         healthConfig    // health.go
-	clock          Clock           // clock.go; nil: the database's clock
+	telemetry      telemetryConfig                   // telemetry.go
+	health         healthConfig                      // health.go
+	clock          Clock                             // clock.go; nil: the database's clock
+	orderingKeys   map[reflect.Type]func(any) string // ordering.go
 }
 
 func optErr(format string, args ...any) error {

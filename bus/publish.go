@@ -262,6 +262,9 @@ func (b *Bus) envelopeOf(destination string, msg any, headers Headers) (*outbox.
 	if strings.ContainsAny(m.MessageType, "\x00\n") {
 		return nil, fmt.Errorf("%w: message type %q contains control characters", ErrInvalidMessage, m.MessageType)
 	}
+	if err := b.orderingKey(msg, h); err != nil {
+		return nil, err
+	}
 	if len(h) > 0 {
 		m.Headers = h
 	}

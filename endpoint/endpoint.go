@@ -88,8 +88,9 @@ type Endpoint struct {
 	// to the automatic binding of one exchange per consumed message type.
 	Bindings []Binding
 
-	consumers []*Registration
-	errs      []error
+	consumers  []*Registration
+	errs       []error
+	partitions int // Ordered
 }
 
 // Name is the endpoint's (and its queue's) name.
@@ -184,6 +185,7 @@ func (e *Endpoint) finish() []error {
 	default:
 		bad("Queue.Type %q: use endpoint.Classic, endpoint.Quorum or endpoint.Stream", e.Queue.Type)
 	}
+	e.finishOrdering(bad)
 	if len(e.consumers) == 0 {
 		bad("no consumers; register one with endpoint.Consumer[T](e, fn)")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -102,7 +103,19 @@ func (s *Store) migrateOnce(ctx context.Context, stmts, objects []string, provab
 				return err
 			}
 		}
-		for _, stmt := range stmts {
+		// Skip an ADD COLUMN whose column exists (SQLite's has no IF NOT
+		// EXISTS); every other statement runs again, idempotently.
+		var missing map[string]bool
+		if provable {
+			var err error
+			if missing, err = s.missingObjects(ctx, tx, objects); err != nil {
+				return err
+			}
+		}
+		for i, stmt := range stmts {
+			if provable && strings.Contains(objects[i], ".") && !missing[objects[i]] {
+				continue
+			}
 			if err := tx.Exec(stmt).Error; err != nil {
 				return fmt.Errorf("%w\nstatement:\n%s", err, stmt)
 			}

@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/internal/xactwatch"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -52,10 +53,10 @@ headers, payload, created_at, status, attempts, last_error, delivered_at, availa
 // insertColumns are the columns Add writes; the rest take their defaults
 // (the database clock for created_at). available_at is the database clock
 // shifted by the message's Delay.
-const insertColumns = `message_id, destination, routing_key, message_type, content_type, correlation_id, headers, payload, available_at`
+const insertColumns = `message_id, destination, routing_key, message_type, content_type, correlation_id, headers, payload, ordering_key, available_at`
 
 // insertParams is the number of bind parameters per inserted row.
-const insertParams = 9
+const insertParams = 10
 
 // maxInsertRows bounds one INSERT so that its parameters stay well inside
 // SQLite's limit (32766) and PostgreSQL's (65535).
@@ -122,7 +123,14 @@ func newOutbox(s *Store) *Outbox {
 	// scheduled rows waiting in the future cost the claim nothing. Rows of
 	// one transaction, and of transactions run one after the other, keep
 	// their order (same or later available_at, then id).
-	const claimable = `status = 'pending' AND available_at <= {now} AND (locked_until IS NULL OR locked_until < {now})`
+	//
+	// A row with an ordering key is claimable only when no older pending
+	// row (leased or not, due or not) has the same key: per-key FIFO across
+	// relays, one row per key in flight (docs/ordering.md). A parked row no
+	// longer holds its key up. Rows without a key skip the look-up.
+	const claimable = `status = 'pending' AND available_at <= {now} AND (locked_until IS NULL OR locked_until < {now})
+AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {outbox} AS older
+WHERE older.ordering_key = cand.ordering_key AND older.status = 'pending' AND older.id < cand.id))`
 	const claimOrder = `ORDER BY available_at, id`
 	if s.dialect.name == DialectPostgres {
 		// SKIP LOCKED: rows another relay is claiming right now are passed
@@ -130,8 +138,8 @@ func newOutbox(s *Store) *Outbox {
 		// transaction commits late (with a lower id) is found by the next
 		// claim.
 		o.claimSQL = s.query(`WITH claimed AS (
-SELECT id FROM {outbox} WHERE ` + claimable + `
-` + claimOrder + ` LIMIT ? FOR UPDATE SKIP LOCKED)
+SELECT id FROM {outbox} AS cand WHERE ` + claimable + `
+` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED)
 UPDATE {outbox} AS o SET locked_by = ?, locked_until = {now+?}
 FROM claimed WHERE o.id = claimed.id
 RETURNING ` + prefixColumns("o.", outboxColumns))
@@ -154,7 +162,7 @@ SELECT CAST(x AS text) AS xid, status, (SELECT count(*) FROM n) AS notified FROM
 		// SQLite runs one writer at a time, so a single UPDATE is already
 		// exclusive; the lease protects rows between claim and mark.
 		o.claimSQL = s.query(`UPDATE {outbox} SET locked_by = ?, locked_until = {now+?}
-WHERE id IN (SELECT id FROM {outbox} WHERE ` + claimable + ` ` + claimOrder + ` LIMIT ?)
+WHERE id IN (SELECT id FROM {outbox} AS cand WHERE ` + claimable + ` ` + claimOrder + ` LIMIT ?)
 RETURNING ` + outboxColumns)
 		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
 SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
@@ -280,7 +288,11 @@ func (o *Outbox) insert(ctx context.Context, tx *gorm.DB, msgs []*outbox.Message
 		if payload == nil {
 			payload = []byte{} // the column is NOT NULL
 		}
-		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload, o.s.dialect.shift(m.Delay))
+		var key any // NULL: no key, claimed without the per-key check
+		if k := m.Headers[wire.HeaderOrderingKey]; k != "" {
+			key = k
+		}
+		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload, key, o.s.dialect.shift(m.Delay))
 	}
 
 	rows, err := o.scanInserted(ctx, tx, stmt, args, len(msgs), withXid)
@@ -353,7 +365,7 @@ func (o *Outbox) buildInsertSQL(n int, withXid bool) string {
 		if i > 0 {
 			sql.WriteString(", ")
 		}
-		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, " + o.s.dialect.shifted + ")")
+		sql.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, " + o.s.dialect.shifted + ")")
 	}
 	sql.WriteString(" RETURNING id, created_at")
 	if withXid {

@@ -199,9 +199,37 @@ func versionString(num int) string {
 // tables.
 func (s *Store) missingObjects(ctx context.Context, db *gorm.DB, names []string) (map[string]bool, error) {
 	missing := map[string]bool{}
-	if len(names) == 0 {
-		return missing, nil
+	var relations, columns []string
+	for _, n := range names {
+		if strings.Contains(n, ".") { // "<table>.<column>" (migration.Created)
+			columns = append(columns, n)
+		} else {
+			relations = append(relations, n)
+		}
 	}
+	if len(relations) > 0 {
+		if err := s.missingRelations(ctx, db, relations, missing); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range columns {
+		table, column, _ := strings.Cut(c, ".")
+		var n int64
+		q := "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(?) AND attname = ? AND NOT attisdropped"
+		if s.dialect.name != DialectPostgres {
+			q = "SELECT count(*) FROM pragma_table_info(?) WHERE name = ?"
+		}
+		if err := db.WithContext(ctx).Raw(q, table, column).Scan(&n).Error; err != nil {
+			return nil, fmt.Errorf("check the schema: %w", err)
+		}
+		if n == 0 {
+			missing[c] = true
+		}
+	}
+	return missing, nil
+}
+
+func (s *Store) missingRelations(ctx context.Context, db *gorm.DB, names []string, missing map[string]bool) error {
 	if s.dialect.name == DialectPostgres {
 		// The names are validated identifiers (validatePrefix), so a plain
 		// array literal carries them.
@@ -209,16 +237,16 @@ func (s *Store) missingObjects(ctx context.Context, db *gorm.DB, names []string)
 		err := db.WithContext(ctx).Raw("SELECT n FROM unnest(CAST(CAST(? AS text) AS text[])) AS n WHERE to_regclass(n) IS NULL",
 			"{"+strings.Join(names, ",")+"}").Scan(&absent).Error
 		if err != nil {
-			return nil, fmt.Errorf("check the schema: %w", err)
+			return fmt.Errorf("check the schema: %w", err)
 		}
 		for _, n := range absent {
 			missing[n] = true
 		}
-		return missing, nil
+		return nil
 	}
 	var present []string
 	if err := db.WithContext(ctx).Raw("SELECT name FROM sqlite_master WHERE type IN ('table', 'index') AND name IN ?", names).Scan(&present).Error; err != nil {
-		return nil, fmt.Errorf("check the schema: %w", err)
+		return fmt.Errorf("check the schema: %w", err)
 	}
 	for _, n := range names {
 		missing[n] = true
@@ -226,5 +254,5 @@ func (s *Store) missingObjects(ctx context.Context, db *gorm.DB, names []string)
 	for _, n := range present {
 		delete(missing, n)
 	}
-	return missing, nil
+	return nil
 }

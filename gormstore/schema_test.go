@@ -215,6 +215,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		file := "migrations/" + b.name + "/001_init.sql"
+		file2 := "migrations/" + b.name + "/002_ordering_key.sql"
 
 		err = s.CheckSchema(ctx)
 		var se *gormstore.SchemaError
@@ -228,6 +229,7 @@ func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 		want := []string{
 			"table chk_inbox " + file, "index chk_inbox_processed_idx " + file, "index chk_inbox_expires_idx " + file, "index chk_inbox_received_idx " + file,
 			"table chk_outbox " + file, "index chk_outbox_due_idx " + file, "index chk_outbox_message_idx " + file, "index chk_outbox_delivered_idx " + file, "index chk_outbox_parked_idx " + file,
+			"column chk_outbox.ordering_key " + file2, "index chk_outbox_key_idx " + file2,
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("missing = %q\nwant %q", got, want)

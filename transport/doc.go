@@ -33,5 +33,7 @@
 // TxDeliverer (write in the caller's database transaction, or refuse with
 // ErrTxUnsupported), TxAcker (acknowledge in the consumer's transaction) and
 // ConnDropper (lose the connection on demand, for fault injection; a
-// transport without it makes bus.DropConnection return ErrDropUnsupported).
+// transport without it makes bus.DropConnection return ErrDropUnsupported)
+// and KeyPartitioner (route ordering keys to an ordered endpoint's partition
+// queues; without it bus.Start refuses ordered endpoints).
 package transport

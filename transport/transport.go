@@ -85,3 +85,13 @@ type ReplyQueues interface {
 	// exclusive queues) may do nothing.
 	DeleteReplyQueue(ctx context.Context, name string) error
 }
+
+// KeyPartitioner is implemented by transports that route a message with an
+// ordering key (the BW-OrderingKey header) to the partition queue of each
+// ordered endpoint it reaches (endpoint.Endpoint.PartitionQueue), declare
+// those queues at Start, and let only one consumer at a time take from a
+// partition queue across all processes (or say in their docs where they
+// cannot). The bus refuses an ordered endpoint on any other transport.
+type KeyPartitioner interface {
+	PartitionsByKey()
+}

@@ -19,7 +19,8 @@
 // (saga transitions per second beside a plain consumer doing the same
 // writes, without and with contention), e2e-cluster (the e2e pipeline on
 // the RabbitMQ cluster of -cluster with a quorum queue, beside this run's
-// single-broker e2e), all (a
+// single-broker e2e), ordering (the e2e pipeline with per-key ordering
+// off, then on: -ordering-partitions, -ordering-keys), all (a
 // comma-separated list works too). Services come from -postgres and -amqp, defaulting to
 // BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL, then to local
 // defaults; -cluster from BAREWIRE_TEST_AMQP_CLUSTER_URLS. Every table, queue and exchange a run creates has a unique name
@@ -43,40 +44,41 @@ import (
 )
 
 type config struct {
-	scenarios    []string
-	duration     time.Duration
-	warmup       time.Duration
-	producers    int
-	consumers    int
-	prefetch     int
-	payload      int
-	rate         float64
-	inflight     int
-	backlog      int
-	inboxMsgs    int
-	future       int
-	scheduled    int
-	rates        []float64
-	sweepDur     time.Duration
-	soak         time.Duration
-	json         bool
-	jsonFile     string
-	plot         string
-	cpuprofile   string
-	dsn, url     string
-	cluster      string
-	keep         bool
-	drain        time.Duration
-	rounds       int
-	inbox        endpoint.InboxMode
-	relayWorkers int
-	sagaEvents   int
-	sagaHot      int
+	scenarios                        []string
+	duration                         time.Duration
+	warmup                           time.Duration
+	producers                        int
+	consumers                        int
+	prefetch                         int
+	payload                          int
+	rate                             float64
+	inflight                         int
+	backlog                          int
+	inboxMsgs                        int
+	future                           int
+	scheduled                        int
+	rates                            []float64
+	sweepDur                         time.Duration
+	soak                             time.Duration
+	json                             bool
+	jsonFile                         string
+	plot                             string
+	cpuprofile                       string
+	dsn, url                         string
+	cluster                          string
+	keep                             bool
+	drain                            time.Duration
+	rounds                           int
+	inbox                            endpoint.InboxMode
+	relayWorkers                     int
+	orderingPartitions, orderingKeys int
+	sagaEvents                       int
+	sagaHot                          int
 }
 
 var allScenarios = []string{"baseline", "e2e", "pg-transport", "watermill", "watermill-forwarder", "fixed-rate", "sweep", "idle-latency", "embedded", "inbox-overhead", "backlog", "scheduled"}
 
-var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "e2e-cluster", "all")
+var knownScenarios = append(slices.Clone(allScenarios), "soak", "saga", "request-response", "e2e-cluster", "ordering", "all")
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
@@ -116,6 +118,8 @@ func parseFlags() (*config, error) {
 	flag.StringVar(&inboxMode, "inbox", "two-phase", "inbox mode of the BareWire endpoint in e2e, fixed-rate, sweep, idle-latency and soak: two-phase (the default), single or off")
 	flag.IntVar(&c.relayWorkers, "relay-workers", 0, "outbox.Options.RelayWorkers for the BareWire pipelines (0: the default)")
 	flag.IntVar(&c.sagaEvents, "saga-events", 10000, "saga: events per run without contention (half as many under contention)")
+	flag.IntVar(&c.orderingPartitions, "ordering-partitions", 8, "ordering: partitions of the ordered endpoint")
+	flag.IntVar(&c.orderingKeys, "ordering-keys", 100, "ordering: distinct ordering keys the producers spread messages over")
 	flag.IntVar(&c.sagaHot, "saga-hot", 4, "saga: instances that take all the events under contention")
 	flag.DurationVar(&c.drain, "drain", 60*time.Second, "after each phase, wait this long at most for the pipeline to drain")
 	flag.Parse()

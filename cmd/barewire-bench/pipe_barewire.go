@@ -47,7 +47,10 @@ type barewirePipe struct {
 	// cluster runs the bus on the RabbitMQ cluster of -cluster, every
 	// endpoint on a quorum queue (rabbitmq.Config.QueueType).
 	cluster bool
-	lg      logger.Interface
+	// partitions > 0 makes the endpoint Ordered(partitions) and gives
+	// every message one of keys ordering keys (ordering.go).
+	partitions, keys int
+	lg               logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -112,6 +115,12 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 	} else {
 		p.env.addQueues(p.queue, p.queue+"_error")
 		p.env.addExchanges(p.typ)
+		for i := range p.partitions {
+			p.env.addQueues(fmt.Sprintf("%s.p%d", p.queue, i))
+		}
+		if p.partitions > 0 {
+			p.env.addExchanges(p.queue+".ordered", p.queue+".unkeyed")
+		}
 	}
 	db, err := openHookedPostgres(p.env.dsn, p.cfg.producers+p.cfg.consumers+8, p.lg)
 	if err != nil {
@@ -136,6 +145,9 @@ func (p *barewirePipe) options() []bus.Option {
 			e.ConcurrentMessageLimit = consumers
 			e.PrefetchCount = p.cfg.prefetch * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
 			e.Inbox = p.inbox
+			if p.partitions > 0 {
+				e.Ordered(p.partitions)
+			}
 			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
 		})
 	}
@@ -204,7 +216,7 @@ func (p *barewirePipe) consume(ctx context.Context, c *endpoint.Context[benchMsg
 }
 
 func (p *barewirePipe) Produce(ctx context.Context, id string, m benchMsg) error {
-	h := bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: p.typ}
+	h := p.orderingKey(id, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: p.typ})
 	fn := func(tx *gorm.DB) error {
 		if err := tx.Exec("INSERT INTO "+p.orders+" (message_id, amount) VALUES (?, ?)", id, m.Amount).Error; err != nil {
 			return err

@@ -110,6 +110,8 @@ func (r *runner) run(ctx context.Context, s string) error {
 		return r.soakRun(ctx)
 	case "request-response":
 		return r.requestResponse(ctx)
+	case "ordering":
+		return r.orderingScenario(ctx)
 	}
 	return fmt.Errorf("unknown scenario %q", s)
 }

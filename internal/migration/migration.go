@@ -133,19 +133,27 @@ func Statements(script string) []string {
 	return stmts
 }
 
-// Object is a table or an index that a statement creates.
+// Object is a table, an index or a column that a statement creates.
 type Object struct {
-	Kind string // "table" or "index"
-	Name string
+	Kind string // "table", "index" or "column"
+	Name string // for a column: "<table>.<column>"
 }
 
 // createPattern matches the statements whose effect the catalog can
 // confirm: CREATE TABLE / CREATE [UNIQUE] INDEX ... IF NOT EXISTS name.
 var createPattern = regexp.MustCompile(`(?is)^CREATE\s+(?:UNIQUE\s+)?(TABLE|INDEX)\s+IF\s+NOT\s+EXISTS\s+([A-Za-z_][A-Za-z0-9_]*)\b`)
 
+// addColumnPattern matches ALTER TABLE t ADD COLUMN [IF NOT EXISTS] c
+// (SQLite has no IF NOT EXISTS there: the runner skips the statement when
+// the catalog has the column).
+var addColumnPattern = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)\s+ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?([A-Za-z_][A-Za-z0-9_]*)\b`)
+
 // Created reports the object that stmt creates, if it is a CREATE TABLE or
-// CREATE INDEX ... IF NOT EXISTS.
+// CREATE INDEX ... IF NOT EXISTS, or an ALTER TABLE ... ADD COLUMN.
 func Created(stmt string) (Object, bool) {
+	if m := addColumnPattern.FindStringSubmatch(stmt); m != nil {
+		return Object{Kind: "column", Name: m[1] + "." + m[2]}, true
+	}
 	m := createPattern.FindStringSubmatch(stmt)
 	if m == nil {
 		return Object{}, false

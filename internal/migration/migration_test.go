@@ -43,8 +43,18 @@ func TestRead(t *testing.T) {
 	if !slices.Equal(objects, []migration.Object{{Kind: "table", Name: "acme_t"}, {Kind: "index", Name: "acme_t_idx"}}) {
 		t.Errorf("objects = %+v", objects)
 	}
-	if _, ok := migration.Created("ALTER TABLE acme_t ADD COLUMN b text;"); ok {
-		t.Error("Created accepted an ALTER TABLE")
+	for stmt, want := range map[string]migration.Object{
+		"ALTER TABLE acme_t ADD COLUMN b text;":               {Kind: "column", Name: "acme_t.b"},
+		"ALTER TABLE acme_t ADD COLUMN IF NOT EXISTS b text;": {Kind: "column", Name: "acme_t.b"},
+	} {
+		if o, ok := migration.Created(stmt); !ok || o != want {
+			t.Errorf("Created(%q) = %+v, %v; want %+v", stmt, o, ok, want)
+		}
+	}
+	for _, stmt := range []string{"ALTER TABLE acme_t DROP COLUMN b;", "ALTER TABLE acme_t ADD CONSTRAINT c CHECK (a <> '');"} {
+		if _, ok := migration.Created(stmt); ok {
+			t.Errorf("Created accepted %q", stmt)
+		}
 	}
 }
 

@@ -18,8 +18,9 @@ import (
 )
 
 var (
-	_ transport.Transport   = (*Transport)(nil)
-	_ transport.ReplyQueues = (*Transport)(nil)
+	_ transport.Transport      = (*Transport)(nil)
+	_ transport.ReplyQueues    = (*Transport)(nil)
+	_ transport.KeyPartitioner = (*Transport)(nil)
 )
 
 // ErrNoQueue is returned by Deliver for a send to a queue nobody declared.
@@ -30,7 +31,8 @@ type Transport struct {
 	cfg      Config
 	mu       sync.Mutex
 	queues   map[string]*queue
-	bindings map[string][]string // exchange → queues
+	bindings map[string][]string           // exchange → queues
+	ordered  map[string]*endpoint.Endpoint // an ordered endpoint's queue → it
 	closed   bool
 	wg       sync.WaitGroup
 	done     chan struct{}
@@ -51,7 +53,7 @@ type Config struct {
 // the receive endpoints; it may be nil.
 func New(configure func(c *Config)) *Transport {
 	t := &Transport{
-		queues: map[string]*queue{}, bindings: map[string][]string{},
+		queues: map[string]*queue{}, bindings: map[string][]string{}, ordered: map[string]*endpoint.Endpoint{},
 		done:       make(chan struct{}),
 		subscribed: map[*queue]struct{}{},
 	}
@@ -92,6 +94,9 @@ type queue struct {
 	// flights are the deliveries handed to a consumer and not yet settled;
 	// DropConnection takes them back.
 	flights map[*flight]struct{}
+	// front: a message handed back goes to the head of the queue, where it
+	// was (an ordered endpoint's partition, whose order must hold).
+	front bool
 }
 
 // flight is one unsettled delivery. Whoever removes it from its queue's
@@ -111,6 +116,16 @@ func (q *queue) push(it *item) {
 	case q.ready <- struct{}{}:
 	default:
 	}
+}
+
+// putBack returns a delivery to the queue, at its head for a partition
+// queue (front), else at its tail. The caller holds q.mu.
+func (q *queue) putBack(it *item) {
+	if q.front {
+		q.items = append([]*item{it}, q.items...)
+		return
+	}
+	q.items = append(q.items, it)
 }
 
 func (q *queue) pop() *item {
@@ -138,7 +153,7 @@ func (q *queue) pop() *item {
 func (t *Transport) settle(q *queue, requeue *item) {
 	if requeue != nil {
 		q.mu.Lock()
-		q.items = append(q.items, requeue)
+		q.putBack(requeue)
 		q.unsettled--
 		q.mu.Unlock()
 		select {
@@ -223,9 +238,21 @@ func (t *Transport) Start(_ context.Context, eps []*endpoint.Endpoint) error {
 		for _, b := range ep.Bindings {
 			t.bind(b.Exchange, ep.Name())
 		}
+		if ep.Partitions() > 0 {
+			t.ordered[ep.Name()] = ep
+			for _, name := range ep.PartitionQueues() {
+				t.queue(name).front = true
+			}
+		}
 	}
 	return nil
 }
+
+// PartitionsByKey marks the transport as routing ordering keys: a message
+// published with a BW-OrderingKey to an exchange an ordered endpoint is
+// bound to goes to the key's partition queue of that endpoint. Only one
+// handler consumes each partition queue, and only in this process.
+func (t *Transport) PartitionsByKey() {}
 
 // DeclareReplyQueue declares queue name (a bus instance's reply queue).
 func (t *Transport) DeclareReplyQueue(_ context.Context, name string) error {
@@ -289,7 +316,13 @@ func (t *Transport) route(msgs []*outbox.Message, mandatory bool) []error {
 			targets = []string{name}
 		}
 		h := headersOf(m)
+		key := m.Headers[wire.HeaderOrderingKey]
 		for _, qn := range targets {
+			if ep := t.ordered[qn]; ep != nil && kind == "exchange" {
+				if pq, ok := ep.PartitionQueue(key); ok {
+					qn = pq
+				}
+			}
 			t.queues[qn].push(&item{id: m.MessageID, headers: maps.Clone(h), payload: m.Payload})
 		}
 	}
@@ -453,7 +486,7 @@ func (t *Transport) Drop() int {
 			delete(q.flights, fl)
 			close(fl.dropped)
 			again := *fl.it // the consumer may still read the original
-			q.items = append(q.items, &again)
+			q.putBack(&again)
 			q.unsettled--
 			taken++
 		}

@@ -50,6 +50,7 @@ func toPublishing(m *outbox.Message, now time.Time) amqp.Publishing {
 		}
 		headers[k] = v
 	}
+	headers = withSlot(headers, m.Headers[wire.HeaderOrderingKey])
 	ts := m.CreatedAt
 	if ts.IsZero() {
 		ts = now

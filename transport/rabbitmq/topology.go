@@ -253,6 +253,9 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 			d.queue(t.errorQueue(ep))
 		}
 		d.queue(t.endpointQueue(ep))
+		if ep.Partitions() > 0 {
+			d.declareOrdered(ep)
+		}
 	}
 	for _, q := range topo.Queues {
 		d.queue(q)
@@ -265,11 +268,20 @@ func (t *Transport) declareTopology(conn *amqp.Connection) error {
 	}
 	for _, ep := range eps {
 		for _, mt := range ep.MessageTypes() {
+			if ep.Partitions() > 0 { // through the key router (ordering.go)
+				d.binding(endpoint.Binding{Exchange: mt, ToExchange: orderedExchange(ep)})
+				d.unbindDirect(mt, ep)
+				continue
+			}
 			d.binding(endpoint.Binding{Exchange: mt, Queue: ep.Name()})
 		}
 		for _, b := range ep.Bindings {
 			if b.Queue == "" && b.ToExchange == "" {
-				b.Queue = ep.Name()
+				if ep.Partitions() > 0 {
+					b.ToExchange = orderedExchange(ep)
+				} else {
+					b.Queue = ep.Name()
+				}
 			}
 			d.binding(b)
 		}
