@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("BW_SCHED_CHILD") != "" {
 		schedChild() // TestScheduledSurvivesSIGKILL's child process; never returns
 	}
+	if os.Getenv("BW_GC_CHILD") != "" {
+		groupCommitChild() // TestGroupCommitSurvivesSIGKILL's child process; never returns
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -200,12 +200,7 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		attempts++
 		d.attempt.Store(int64(attempts))
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
-			actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
-		}
-		verdict, err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
-		cancel()
+		verdict, err := b.attempt(ctx, ep, disp, mw, msg, attempts, log)
 		kind, err := b.classify(ctx, err)
 		switch kind {
 		case outcomeOK:
@@ -346,7 +341,18 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	}
 
 	var err error
+	fallback := true
+	if bt := b.batchers[ep.Name()]; bt != nil && msg.UUID != "" {
+		// Group commit (batch.go); what the batch cannot settle runs alone.
+		fallback, err = bt.submit(ctx, msg.UUID, run, state)
+	}
+	if fallback && ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
+		defer cancel()
+	}
 	switch {
+	case !fallback:
 	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
 		return "", endpoint.Permanent(ErrMissingMessageID)
 	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:

@@ -72,6 +72,9 @@ type Endpoint struct {
 	Serializer Serializer
 	// Inbox selects deduplication. Defaults to InboxTwoPhase.
 	Inbox InboxMode
+	// Batch configures group commit of the two-phase inbox (see Batch).
+	// Defaults to batches of up to 32 messages within 100ms.
+	Batch Batch
 	// MissingMessageID is the policy for messages without an id. Defaults
 	// to RejectMissingID.
 	MissingMessageID MissingIDPolicy
@@ -153,6 +156,7 @@ func (e *Endpoint) finish() []error {
 	if e.Inbox < InboxTwoPhase || e.Inbox > InboxOff {
 		bad("unknown Inbox mode %d", e.Inbox)
 	}
+	e.Batch.finish(bad)
 	if e.MissingMessageID < RejectMissingID || e.MissingMessageID > ProcessMissingID {
 		bad("unknown MissingMessageID policy %d", e.MissingMessageID)
 	}

@@ -318,8 +318,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumerType string, items []
 		if err != nil {
 			return fail(tx, "savepoint", err)
 		}
-		itx := tx.WithContext(it.Ctx)
-		if fnErr := it.Fn(WithTx(it.Ctx, itx)); fnErr != nil {
+		if fnErr := runItem(tx, it); fnErr != nil {
 			if _, err := execSQL(ctx, tx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 				errs[i] = fnErr
 				return fail(tx, "rollback to savepoint", err)
@@ -367,6 +366,18 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumerType string, items []
 	}
 	committed = true
 	return errs
+}
+
+// runItem runs an item's Fn with its ctx (bounded by its Timeout from now)
+// and the transaction, whose statements then run with that ctx.
+func runItem(tx *gorm.DB, it inbox.BatchItem) error {
+	ctx := it.Ctx
+	if it.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, it.Timeout)
+		defer cancel()
+	}
+	return it.Fn(WithTx(ctx, tx.WithContext(ctx)))
 }
 
 // execHeld runs the mark or release statement for the items at idx.

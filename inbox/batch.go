@@ -46,6 +46,9 @@ type BatchItem struct {
 	// Ctx is the context Fn runs with (the transaction is added to it); its
 	// deadline bounds Fn's statements.
 	Ctx context.Context
+	// Timeout, when positive, bounds Fn from the moment it starts (the
+	// endpoint's HandlerTimeout): Fn's ctx and statements end then.
+	Timeout time.Duration
 	// Fn is the handler. It must use the transaction carried by its ctx.
 	Fn func(ctx context.Context) error
 }
