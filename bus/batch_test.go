@@ -93,7 +93,7 @@ type batchProbe struct {
 	calls     map[string]int // consumer runs by message id
 }
 
-func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Context, d *endpoint.Delivery) error) *batchProbe {
+func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Context, d *endpoint.Delivery) error, configure ...func(e *endpoint.Endpoint)) *batchProbe {
 	t.Helper()
 	p := &batchProbe{gateIn: make(chan struct{}), release: make(chan struct{}), submitted: make(chan string, 64), calls: map[string]int{}}
 	var gateOnce sync.Once
@@ -101,6 +101,9 @@ func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Co
 		c.ReceiveEndpoint(be.q, func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = 1
 			e.Retry = endpoint.Immediate(1)
+			for _, c := range configure {
+				c(e)
+			}
 			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
 				p.mu.Lock()
 				p.calls[d.MessageID]++
@@ -254,6 +257,84 @@ func TestGroupCommitDuplicateInBatch(t *testing.T) {
 			t.Fatalf("effects %v, want %v", got, want)
 		}
 	})
+}
+
+// TestGroupCommitMaxDurationSplitsBatch: once a batch has run
+// Batch.MaxDuration, the messages not started go in the next transaction:
+// with a bound that has always passed, the first message of the batch has
+// committed (it is visible from another connection) before the next one's
+// consumer runs; with the default bound it has not.
+func TestGroupCommitMaxDurationSplitsBatch(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		bound         time.Duration
+		wantCommitted bool
+	}{{"bound-passed", time.Nanosecond, true}, {"default", 0, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			env := newRealEnv(t)
+			be := &batchBackend{name: "postgres", q: env.q("gcdur"), typ: env.typ("GCDur"), table: env.effectTable(t),
+				options: env.options, db: func(*bus.Bus) *gorm.DB { return env.db }}
+			var mu sync.Mutex
+			var order []string
+			seen := map[string]int64{} // message → effects of the batch's first message visible outside
+			p := startBatchProbe(t, be, func(_ context.Context, d *endpoint.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if len(order) > 1 { // order[0] is the gate
+					var n int64
+					if err := env.db.Table(be.table).Where("message_id = ?", order[1]).Count(&n).Error; err != nil {
+						return err
+					}
+					seen[d.MessageID] = n
+				}
+				order = append(order, d.MessageID)
+				return nil
+			}, func(e *endpoint.Endpoint) { e.Batch.MaxDuration = c.bound })
+			p.publishBatch(t, be, "x", "y")
+			waitStats(t, p.b, func(s bus.Stats) bool { return s.Consumed == 3 })
+			if _, ok := p.sawBatch("x", "y"); !ok {
+				t.Fatalf("batches %v: want one holding x and y", p.batches)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			second := order[2]
+			if got := seen[second] == 1; got != c.wantCommitted {
+				t.Fatalf("when %s's consumer ran, %s's effect was visible outside: %v, want %v", second, order[1], got, c.wantCommitted)
+			}
+		})
+	}
+}
+
+// TestGroupCommitOff: Batch.MaxMessages = 1 processes every message alone.
+func TestGroupCommitOff(t *testing.T) {
+	t.Parallel()
+	batches := 0
+	var mu sync.Mutex
+	rec := newRecorder()
+	b, err := bus.New(quiet(), inprocEndpoint("gc-off", func(e *endpoint.Endpoint) {
+		e.Batch.MaxMessages = 1
+		endpoint.Consumer(e, paymentConsumer("gc-off", rec))
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus.SetBatchHooksForTest(b, func(string, []string) { mu.Lock(); batches++; mu.Unlock() }, nil)
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Stop(context.Background()) }()
+	for i := range 20 {
+		if err := b.Publish(context.Background(), PaymentReceived{PaymentID: fmt.Sprint(i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.wait(t, 20)
+	mu.Lock()
+	defer mu.Unlock()
+	if batches != 0 {
+		t.Fatalf("%d batches with MaxMessages 1, want none", batches)
+	}
 }
 
 func mapsEqual(a, b map[string]int) bool {
