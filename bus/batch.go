@@ -23,7 +23,9 @@ import (
 // the ones that succeeded. What the batch cannot settle (an entry locked by
 // another delivery, an id twice in one batch) goes back to the handler,
 // which runs that attempt alone, as without group commit; so do retries'
-// backoffs, redeliveries and dead letters, which stay per message.
+// backoffs, redeliveries and dead letters, which stay per message. A batch
+// of one (every batch at low load) runs the per-message path in the
+// worker, adding no statement to it.
 
 // batchJob is one attempt of one delivery, handed to the workers.
 type batchJob struct {
@@ -31,6 +33,7 @@ type batchJob struct {
 	id    string
 	run   func(context.Context) error
 	state *deliveryState
+	alone func() error // the attempt by itself (a batch of one runs it)
 
 	// Set by the worker before done is closed.
 	err      error
@@ -94,8 +97,8 @@ func (b *Bus) startBatchers(ctx context.Context) {
 
 // submit hands an attempt to the workers and waits for its result:
 // fallback when the batch left it to the caller.
-func (bt *batcher) submit(ctx context.Context, id string, run func(context.Context) error, state *deliveryState) (fallback bool, err error) {
-	j := &batchJob{ctx: ctx, id: id, run: run, state: state, done: make(chan struct{})}
+func (bt *batcher) submit(ctx context.Context, id string, run func(context.Context) error, state *deliveryState, alone func() error) (fallback bool, err error) {
+	j := &batchJob{ctx: ctx, id: id, run: run, state: state, alone: alone, done: make(chan struct{})}
 	// The queue holds one job per handler: the send never blocks.
 	select {
 	case bt.jobs <- j:
@@ -180,7 +183,16 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 			lockable = append(lockable, j)
 		}
 	}
-	if len(lockable) == 0 {
+	switch len(lockable) {
+	case 0:
+		return
+	case 1:
+		// A batch of one (low load) takes the per-message path: the same
+		// lock, a transaction without fence or savepoint, the same
+		// statements as with group commit off.
+		j := lockable[0]
+		j.err = j.alone()
+		close(j.done)
 		return
 	}
 	ids := make([]string, len(lockable))
