@@ -53,10 +53,14 @@ type Endpoint struct {
 	// ConcurrentMessageLimit: one message per handler, so that a message
 	// retried in process (its handler waiting out the backoff) holds no
 	// other message behind it. A larger value saves a broker round trip
-	// per message where handlers rarely retry.
+	// per message where handlers rarely retry. With group commit (Batch)
+	// the endpoint holds BatchDeliveriesPerHandler times as many.
 	PrefetchCount int
 	// ConcurrentMessageLimit is how many messages the endpoint handles at
-	// once. Defaults to 8.
+	// once. Defaults to 8. With group commit (Batch) it is how many
+	// batches run at once, and the endpoint holds BatchDeliveriesPerHandler
+	// deliveries per slot (that many more competing consumers, each with
+	// the per-consumer prefetch PrefetchCount gives).
 	ConcurrentMessageLimit int
 	// Retry is the in-process retry policy. Defaults to DefaultRetry().
 	Retry RetryPolicy
