@@ -166,6 +166,15 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 		}
 		h(bt.ep.Name(), ids)
 	}
+	// Once Stop has begun no message starts: the ones in hand go back to
+	// the broker, as a prefetched message does.
+	if isClosed(bt.b.gate.stopping()) {
+		for _, j := range batch {
+			j.err = errHandBack
+			close(j.done)
+		}
+		return
+	}
 	// Only the first attempt of an id can be locked by this batch; a
 	// repeat waits for it alone, as a concurrent delivery would.
 	var lockable []*batchJob
@@ -227,6 +236,19 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 	// Batches bounded in time: what did not start goes in the next one,
 	// still locked.
 	for len(items) > 0 {
+		if isClosed(bt.b.gate.stopping()) {
+			// What did not start goes back, its lock released so that
+			// the redelivery need not wait for it to expire.
+			for i, j := range jobs {
+				key := inbox.Key{MessageID: items[i].MessageID, ConsumerType: bt.ep.Name()}
+				if err := bt.b.inboxSt.Release(context.WithoutCancel(ctx), key, items[i].Token); err != nil {
+					bt.log.WarnContext(j.ctx, "inbox: releasing lock failed; it will expire", "message_id", key.MessageID, "error", err)
+				}
+				j.err = errHandBack
+				close(j.done)
+			}
+			return
+		}
 		errs := bt.store.ProcessBatch(ctx, bt.ep.Name(), items, time.Now().Add(bt.ep.Batch.MaxDuration))
 		var nextJobs []*batchJob
 		var nextItems []inbox.BatchItem
@@ -256,7 +278,7 @@ func (bt *batcher) storeErr(ctx context.Context, op string, err error) error {
 	return &inbox.StoreError{Op: op, Err: err}
 }
 
-func isClosed(ch chan struct{}) bool {
+func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
