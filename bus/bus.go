@@ -117,6 +117,12 @@ type Bus struct {
 	obs        fanout     // what the engine reports goes to every observer (observe.go)
 	gate       *dbGate
 	replies    replies // the reply queue and the requests waiting (request.go)
+	// batchers are the group-commit workers by endpoint (batch.go);
+	// batchHook and submitHook, set by tests before Start, see every
+	// batch and every attempt handed to the workers.
+	batchers   map[string]*batcher
+	batchHook  func(endpoint string, ids []string)
+	submitHook func(id string)
 }
 
 // New builds a bus from options. It performs no I/O: connections are made
@@ -312,7 +318,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	}
 	for _, ep := range b.endpoints {
 		h := b.handler(ep)
-		for i := 0; i < ep.ConcurrentMessageLimit; i++ {
+		for i := 0; i < b.handlersFor(ep); i++ { // batch.go: more deliveries in hand with group commit
 			router.AddConsumerHandler(fmt.Sprintf("%s#%d", ep.Name(), i), ep.Name(), b.tr.Subscriber(), h)
 		}
 		// One handler per partition: the transport hands it one message
@@ -326,6 +332,7 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.cancel = cancel
 	b.replies.start(runCtx)
+	b.startBatchers(runCtx)
 	b.routerDone = make(chan error, 1)
 	go func() { b.routerDone <- router.Run(runCtx) }()
 	if len(b.endpoints) > 0 {

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("BW_ORDER_CHILD") != "" {
 		orderChild() // an instance of TestOrderedAcrossInstancesWithKills; never returns
 	}
+	if os.Getenv("BW_GC_CHILD") != "" {
+		groupCommitChild() // TestGroupCommitSurvivesSIGKILL's child process; never returns
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -454,6 +457,7 @@ func TestValidationErrorsAreJoined(t *testing.T) {
 				e.PrefetchCount = 2
 				e.ConcurrentMessageLimit = 4
 				e.Retry = endpoint.Interval(3, -time.Second)
+				e.Batch = endpoint.Batch{MaxMessages: 65, MaxDuration: -time.Second}
 				endpoint.Consumer(e, paymentConsumer("", nil))
 			})
 			c.ReceiveEndpoint("", func(e *endpoint.Endpoint) {})
@@ -478,6 +482,8 @@ func TestValidationErrorsAreJoined(t *testing.T) {
 		`message type "PaymentReceived" is registered 2 times`,
 		`ConcurrentMessageLimit 4 exceeds PrefetchCount 2`,
 		`retry interval -1s must be positive`,
+		`Batch.MaxMessages 65: use 1 (no group commit) to 64`,
+		`Batch.MaxDuration -1s is negative`,
 		`endpoint name ""`,
 		`InboxRetention 1m0s must be greater than InboxLockTimeout 1h0m0s`,
 		`PollingInterval -1s is negative`,

@@ -200,12 +200,7 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		attempts++
 		d.attempt.Store(int64(attempts))
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
-			actx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
-		}
-		verdict, err := b.attempt(actx, ep, disp, mw, msg, attempts, log)
-		cancel()
+		verdict, err := b.attempt(ctx, ep, disp, mw, msg, attempts, log)
 		kind, err := b.classify(ctx, err)
 		switch kind {
 		case outcomeOK:
@@ -345,22 +340,40 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		return nil
 	}
 
-	var err error
-	switch {
-	case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
-		return "", endpoint.Permanent(ErrMissingMessageID)
-	case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:
-		if msg.UUID == "" {
-			log.WarnContext(ctx, "processing a message without an id: no deduplication", "message_type", typ)
+	// alone runs the attempt by itself: one lock, one transaction.
+	alone := func() error {
+		ctx := ctx
+		if ep.HandlerTimeout > 0 { // per attempt, so that a retry gets its own time
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, ep.HandlerTimeout)
+			defer cancel()
 		}
-		err = b.inTx(ctx, run)
-	default:
+		switch {
+		case msg.UUID == "" && ep.MissingMessageID == endpoint.RejectMissingID:
+			return endpoint.Permanent(ErrMissingMessageID)
+		case msg.UUID == "" || ep.Inbox == endpoint.InboxOff:
+			if msg.UUID == "" {
+				log.WarnContext(ctx, "processing a message without an id: no deduplication", "message_type", typ)
+			}
+			return b.inTx(ctx, run)
+		}
 		orig := msg.Context()
 		msg.SetContext(ctx) // the middleware reads the attempt's context from the message
-		_, err = mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		_, err := mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
 			return nil, run(m.Context())
 		})(msg)
 		msg.SetContext(orig)
+		return err
+	}
+	var err error
+	if bt := b.batchers[ep.Name()]; bt != nil && msg.UUID != "" {
+		// Group commit (batch.go); what a batch cannot settle runs alone.
+		var fallback bool
+		if fallback, err = bt.submit(ctx, msg.UUID, run, state, alone); fallback {
+			err = alone()
+		}
+	} else {
+		err = alone()
 	}
 	switch {
 	case err != nil:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,6 +147,35 @@ func BenchmarkEmbeddedRoundTrip(b *testing.B) {
 					b.Fatal("message not consumed within 10s")
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkHandlerDispatchConcurrent is BenchmarkHandlerDispatch with 32
+// deliveries in flight at once (16 goroutines per CPU), as under load: on
+// the two-phase inbox the deliveries waiting are group-committed.
+func BenchmarkHandlerDispatchConcurrent(b *testing.B) {
+	body := []byte(`{"orderId":"o-1","amount":12.5,"pad":"` + strings.Repeat("x", 200) + `"}`)
+	for _, m := range inboxModes {
+		b.Run(m.name, func(b *testing.B) {
+			bs := startEmbedded(b, m.mode, nil)
+			h := bs.handler(bs.endpoints[0])
+			typ := endpoint.TypeNameOf[benchOrder]()
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					msg := message.NewMessage("m-"+strconv.FormatInt(n.Add(1), 10), body)
+					msg.Metadata.Set(wire.HeaderMessageType, typ)
+					msg.Metadata.Set(wire.HeaderContentType, "application/json")
+					msg.SetContext(context.Background())
+					if err := h(msg); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
 		})
 	}
 }

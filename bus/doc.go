@@ -70,7 +70,9 @@
 // the consumer's writes, its outgoing messages and the processed mark
 // commit together or not at all, and a redelivered or re-published message
 // (same id) is skipped: exactly one effect per consumer type (the endpoint
-// name).
+// name). Under load, deliveries waiting on an endpoint share one
+// transaction (group commit, endpoint.Batch): each consumer runs inside its
+// own savepoint, so a failing one is rolled back alone; see docs/inbox.md.
 //
 // A failing consumer is retried in process by the endpoint's Retry policy,
 // then dead-lettered to "<endpoint>_error" (or, on RabbitMQ, the queue's

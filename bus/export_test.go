@@ -53,3 +53,10 @@ func HandleForTest(b *Bus, name string, msg *message.Message) error {
 	}
 	return fmt.Errorf("no endpoint %q", name)
 }
+
+// SetBatchHooksForTest sets, before Start, functions that see every
+// group-commit batch (the ids in the order taken) and every attempt handed
+// to the workers (before it waits for one).
+func SetBatchHooksForTest(b *Bus, batch func(endpoint string, ids []string), submitted func(id string)) {
+	b.batchHook, b.submitHook = batch, submitted
+}

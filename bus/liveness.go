@@ -52,7 +52,7 @@ func (b *Bus) classify(ctx context.Context, err error) (outcome, error) {
 	switch {
 	case err == nil:
 		return outcomeOK, nil
-	case errors.Is(err, inbox.ErrBusy), ctx.Err() != nil:
+	case errors.Is(err, inbox.ErrBusy), errors.Is(err, errHandBack), ctx.Err() != nil:
 		return outcomeShutdown, err
 	case errors.Is(err, inbox.ErrLockLost):
 		return outcomeLockLost, err

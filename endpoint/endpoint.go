@@ -53,10 +53,14 @@ type Endpoint struct {
 	// ConcurrentMessageLimit: one message per handler, so that a message
 	// retried in process (its handler waiting out the backoff) holds no
 	// other message behind it. A larger value saves a broker round trip
-	// per message where handlers rarely retry.
+	// per message where handlers rarely retry. With group commit (Batch)
+	// the endpoint holds BatchDeliveriesPerHandler times as many.
 	PrefetchCount int
 	// ConcurrentMessageLimit is how many messages the endpoint handles at
-	// once. Defaults to 8.
+	// once. Defaults to 8. With group commit (Batch) it is how many
+	// batches run at once, and the endpoint holds BatchDeliveriesPerHandler
+	// deliveries per slot (that many more competing consumers, each with
+	// the per-consumer prefetch PrefetchCount gives).
 	ConcurrentMessageLimit int
 	// Retry is the in-process retry policy. Defaults to DefaultRetry().
 	Retry RetryPolicy
@@ -72,6 +76,9 @@ type Endpoint struct {
 	Serializer Serializer
 	// Inbox selects deduplication. Defaults to InboxTwoPhase.
 	Inbox InboxMode
+	// Batch configures group commit of the two-phase inbox (see Batch).
+	// Defaults to batches of up to 32 messages within 100ms.
+	Batch Batch
 	// MissingMessageID is the policy for messages without an id. Defaults
 	// to RejectMissingID.
 	MissingMessageID MissingIDPolicy
@@ -154,6 +161,7 @@ func (e *Endpoint) finish() []error {
 	if e.Inbox < InboxTwoPhase || e.Inbox > InboxOff {
 		bad("unknown Inbox mode %d", e.Inbox)
 	}
+	e.Batch.finish(bad)
 	if e.MissingMessageID < RejectMissingID || e.MissingMessageID > ProcessMissingID {
 		bad("unknown MissingMessageID policy %d", e.MissingMessageID)
 	}

@@ -265,6 +265,8 @@ func Example_endpointFields() {
 			e.Redelivery = []time.Duration{time.Minute, 10 * time.Minute}          // default none
 			e.Serializer = endpoint.JSON                                           // default JSON
 			e.Inbox = endpoint.InboxTwoPhase                                       // default; or InboxSingleTransaction, InboxOff
+			e.Batch.MaxMessages = 32                                               // group commit: default 32; 1 turns it off
+			e.Batch.MaxDuration = 100 * time.Millisecond                           // default 100ms
 			e.MissingMessageID = endpoint.RejectMissingID                          // default; or ProcessMissingID
 			e.HandlerTimeout = 30 * time.Second                                    // default 0: none
 			e.ErrorQueue = "shipping_error"                                        // default "<name>_error"

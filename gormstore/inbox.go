@@ -27,6 +27,8 @@ type Inbox struct {
 	cleanupSQL        string
 	statsSQL          string
 	listSQL           string
+
+	batch batchStmts // the statements of TryLockBatch and ProcessBatch, by size
 }
 
 // inboxRow is the GORM model of an inbox row, used for scans.

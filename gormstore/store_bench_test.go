@@ -148,7 +148,7 @@ func BenchmarkOutboxClaimMark(b *testing.B) {
 
 // BenchmarkInbox is the inbox's database work per consumed message with an
 // empty handler: two-phase (lock transaction, then process transaction)
-// against single-transaction.
+// against group-committed two-phase (batches of 32) and single-transaction.
 func BenchmarkInbox(b *testing.B) {
 	benchStores(b, func(b *testing.B, s *gormstore.Store, db *gorm.DB) {
 		ctx := context.Background()
@@ -166,6 +166,38 @@ func BenchmarkInbox(b *testing.B) {
 				if err := s.Inbox().Process(ctx, key, lock.Token, noop); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+		// One op is one message of batches of 32 (group commit): one
+		// TryLockBatch and one ProcessBatch per 32 messages.
+		b.Run("Batch32", func(b *testing.B) {
+			const size = 32
+			i := 0
+			var ids []string
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				ids = append(ids, "gc-"+strconv.Itoa(i))
+				if len(ids) < size {
+					continue
+				}
+				locks, err := s.Inbox().TryLockBatch(ctx, "bench", ids, 30*time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				items := make([]inbox.BatchItem, len(ids))
+				for j, id := range ids {
+					if locks[j].State != inbox.Acquired {
+						b.Fatalf("lock %s: %v", id, locks[j].State)
+					}
+					items[j] = inbox.BatchItem{MessageID: id, Token: locks[j].Token, Ctx: ctx, Fn: noop}
+				}
+				for j, err := range s.Inbox().ProcessBatch(ctx, "bench", items, time.Time{}) {
+					if err != nil {
+						b.Fatalf("process %s: %v", ids[j], err)
+					}
+				}
+				ids = ids[:0]
 			}
 		})
 		b.Run("SingleTransaction", func(b *testing.B) {

@@ -52,6 +52,16 @@ func Run(t *testing.T, newStore func(t *testing.T) inbox.Store) {
 			c.fn(t, newStore(t))
 		})
 	}
+	for _, c := range batchCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStore(t)
+			b, ok := s.(inbox.BatchStore)
+			if !ok {
+				t.Skip("the store does not implement inbox.BatchStore")
+			}
+			c.fn(t, s, b)
+		})
+	}
 }
 
 var errBoom = errors.New("inboxtest: handler failed")
