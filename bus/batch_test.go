@@ -100,6 +100,7 @@ func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Co
 	opts := be.options(func(c *endpoint.Endpoints) {
 		c.ReceiveEndpoint(be.q, func(e *endpoint.Endpoint) {
 			e.ConcurrentMessageLimit = 1
+			e.Batch.MaxMessages = endpoint.DefaultBatchMaxMessages // a limit of 1 does not batch unless asked
 			e.Retry = endpoint.Immediate(1)
 			for _, c := range configure {
 				c(e)
@@ -334,6 +335,65 @@ func TestGroupCommitOff(t *testing.T) {
 	defer mu.Unlock()
 	if batches != 0 {
 		t.Fatalf("%d batches with MaxMessages 1, want none", batches)
+	}
+}
+
+// TestGroupCommitLimitOneKeepsOrder: an endpoint with
+// ConcurrentMessageLimit 1 and the default Batch does not group-commit: it
+// handles one message at a time, in queue order (a batch would hold several
+// deliveries and could run them out of order).
+func TestGroupCommitLimitOneKeepsOrder(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	var mu sync.Mutex
+	var order []string
+	batches, running, maxRunning := 0, 0, 0
+	done := make(chan struct{})
+	b, err := bus.New(quiet(), inprocEndpoint("gc-limit-one", func(e *endpoint.Endpoint) {
+		e.ConcurrentMessageLimit, e.PrefetchCount = 1, 1
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			mu.Lock()
+			running++
+			maxRunning = max(maxRunning, running)
+			mu.Unlock()
+			time.Sleep(time.Millisecond) // widen the window for an overlap
+			mu.Lock()
+			defer mu.Unlock()
+			running--
+			order = append(order, c.Message.PaymentID)
+			if len(order) == n {
+				close(done)
+			}
+			return nil
+		})
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus.SetBatchHooksForTest(b, func(string, []string) { mu.Lock(); batches++; mu.Unlock() }, nil)
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Stop(context.Background()) }()
+	for i := range n {
+		if err := b.Publish(context.Background(), PaymentReceived{PaymentID: fmt.Sprint(i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not every message was handled within 30s")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, id := range order {
+		if id != fmt.Sprint(i) {
+			t.Fatalf("handled in order %v; want publish order", order)
+		}
+	}
+	if batches != 0 || maxRunning != 1 {
+		t.Fatalf("%d batches, %d consumers at once; want none and 1", batches, maxRunning)
 	}
 }
 

@@ -30,8 +30,13 @@ const (
 // latency is unchanged. docs/inbox.md describes it in full.
 type Batch struct {
 	// MaxMessages is the most messages one transaction takes. Defaults to
-	// DefaultBatchMaxMessages (32); 1 turns group commit off (one
-	// transaction per message). At most MaxBatchMessages (64).
+	// DefaultBatchMaxMessages (32), except on an endpoint whose
+	// ConcurrentMessageLimit is 1, where it defaults to 1 so that the
+	// endpoint keeps handling one message at a time in queue order (set it
+	// above 1 there to batch anyway: the endpoint then holds
+	// BatchDeliveriesPerHandler deliveries, and order is not kept); 1 turns
+	// group commit off (one transaction per message). At most
+	// MaxBatchMessages (64).
 	MaxMessages int
 	// MaxDuration bounds a batch's transaction: once it has run this long,
 	// the messages whose consumers have not started yet go in the next
@@ -47,9 +52,15 @@ func (e *Endpoint) BatchEnabled() bool {
 	return e.Inbox == InboxTwoPhase && e.Batch.MaxMessages > 1
 }
 
-func (b *Batch) finish(bad func(format string, args ...any)) {
+func (b *Batch) finish(limit int, bad func(format string, args ...any)) {
 	if b.MaxMessages == 0 {
 		b.MaxMessages = DefaultBatchMaxMessages
+		if limit == 1 {
+			// One message at a time, in queue order, is what a limit of
+			// 1 asks for; a batch would hold BatchDeliveriesPerHandler
+			// deliveries and could run them out of order.
+			b.MaxMessages = 1
+		}
 	}
 	if b.MaxDuration == 0 {
 		b.MaxDuration = DefaultBatchMaxDuration

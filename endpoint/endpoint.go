@@ -161,7 +161,7 @@ func (e *Endpoint) finish() []error {
 	if e.Inbox < InboxTwoPhase || e.Inbox > InboxOff {
 		bad("unknown Inbox mode %d", e.Inbox)
 	}
-	e.Batch.finish(bad)
+	e.Batch.finish(e.ConcurrentMessageLimit, bad)
 	if e.MissingMessageID < RejectMissingID || e.MissingMessageID > ProcessMissingID {
 		bad("unknown MissingMessageID policy %d", e.MissingMessageID)
 	}
