@@ -90,7 +90,8 @@ func WithObserver(fn func(Event)) Option {
 
 // Backlog is what the bus still has to do.
 type Backlog struct {
-	// InFlight counts deliveries being handled.
+	// InFlight counts deliveries held: being handled or, with group
+	// commit, waiting for a worker.
 	InFlight int64
 	// Queued counts messages the embedded transport holds for its
 	// endpoints (queued or unacknowledged); -1 on a broker, whose queues

@@ -32,7 +32,8 @@ type Stats struct {
 	// stopped before they reached a verdict (waiting for a busy inbox entry
 	// or for the database, or retrying a dead letter the transport refused).
 	Requeued int64
-	// InFlight is how many messages are being handled now.
+	// InFlight is how many messages the bus holds now: being handled, or
+	// (group commit) taken and waiting for a worker of their endpoint.
 	InFlight int64
 	// ResponsesDropped counts responses dropped: ones that arrived after
 	// their request had timed out or been cancelled, and ones this

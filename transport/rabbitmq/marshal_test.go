@@ -195,17 +195,22 @@ func TestNewValidatesURLWithoutLeakingPassword(t *testing.T) {
 }
 
 func TestPrefetchFor(t *testing.T) {
-	ep := newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = 16, 8 })
-	if got := prefetchFor(ep); got != 2 {
-		t.Errorf("16/8: %d", got)
+	// Without group commit: PrefetchCount over ConcurrentMessageLimit subscriptions.
+	for _, c := range []struct{ prefetch, limit, want int }{{16, 8, 2}, {10, 4, 3}, {1, 1, 1}} {
+		ep := newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) {
+			e.PrefetchCount, e.ConcurrentMessageLimit, e.Batch.MaxMessages = c.prefetch, c.limit, 1
+		})
+		if got := prefetchFor(ep); got != c.want {
+			t.Errorf("%d/%d: %d, want %d", c.prefetch, c.limit, got, c.want)
+		}
 	}
-	ep = newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = 10, 4 })
-	if got := prefetchFor(ep); got != 3 {
-		t.Errorf("10/4: %d", got)
-	}
-	ep = newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = 1, 1 })
-	if got := prefetchFor(ep); got != 1 {
-		t.Errorf("1/1: %d", got)
+	// With group commit the bus subscribes BatchDeliveriesPerHandler times
+	// per slot, and they share PrefetchCount.
+	for _, c := range []struct{ prefetch, limit, want int }{{80, 5, 4}, {20, 5, 1}, {8, 8, 1}} {
+		ep := newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = c.prefetch, c.limit })
+		if got := prefetchFor(ep); got != c.want {
+			t.Errorf("group commit %d/%d: %d, want %d", c.prefetch, c.limit, got, c.want)
+		}
 	}
 	if got := prefetchFor(nil); got != 1 { // PrefetchCount defaults to ConcurrentMessageLimit
 		t.Errorf("defaults: %d", got)

@@ -80,7 +80,8 @@ type subscriber struct {
 }
 
 // prefetchFor divides an endpoint's PrefetchCount across its concurrent
-// handlers (one subscription each), rounding up, at least 1.
+// handlers (one subscription each; BatchDeliveriesPerHandler per slot with
+// group commit), rounding up, at least 1.
 func prefetchFor(ep *endpoint.Endpoint) int {
 	limit := endpoint.DefaultConcurrentMessageLimit
 	if ep != nil && ep.ConcurrentMessageLimit > 0 {
@@ -89,6 +90,11 @@ func prefetchFor(ep *endpoint.Endpoint) int {
 	prefetch := limit
 	if ep != nil && ep.PrefetchCount > 0 {
 		prefetch = ep.PrefetchCount
+	}
+	if ep != nil && ep.BatchEnabled() {
+		// The bus subscribes BatchDeliveriesPerHandler times per slot
+		// (group commit): the endpoint's PrefetchCount is shared by all.
+		limit *= endpoint.BatchDeliveriesPerHandler
 	}
 	return max(1, (prefetch+limit-1)/limit)
 }
