@@ -254,7 +254,7 @@ func TestEventBeforeTimeoutCancelsIt(t *testing.T) {
 			t.Errorf("%d rows still scheduled after Paid; want the timeout cancelled", len(rows))
 		}
 		// The lost race: the timeout with the old token arrives after all.
-		before := b.Stats().Consumed
+		before := settledConsumed(t, b)
 		if err := b.Send(context.Background(), w.queue, PaymentTimeout{ID: "p2"}, bus.Headers{bus.HeaderMessageID: token}); err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +268,7 @@ func TestEventBeforeTimeoutCancelsIt(t *testing.T) {
 		// one is applied.
 		send(t, b, w.queue, PaymentRequested{ID: "p3"})
 		old := w.waitState(t, b, "p3", w.states["Awaiting"]).TimeoutToken
-		before = b.Stats().Consumed
+		before = settledConsumed(t, b)
 		send(t, b, w.queue, PaymentExtended{ID: "p3"})
 		waitConsumed(t, b, before+1)
 		p = w.waitState(t, b, "p3", w.states["Awaiting"])
@@ -278,7 +278,7 @@ func TestEventBeforeTimeoutCancelsIt(t *testing.T) {
 		if rows := scheduled(t, b); len(rows) != 1 || rows[0].MessageID != p.TimeoutToken {
 			t.Fatalf("scheduled rows = %d after Extend; want only the new timeout", len(rows))
 		}
-		before = b.Stats().Consumed
+		before = settledConsumed(t, b)
 		if err := b.Send(context.Background(), w.queue, PaymentTimeout{ID: "p3"}, bus.Headers{bus.HeaderMessageID: old}); err != nil {
 			t.Fatal(err)
 		}
@@ -295,6 +295,22 @@ func TestEventBeforeTimeoutCancelsIt(t *testing.T) {
 			t.Errorf("Timeouts=%d fired=%d token=%q; want 1, 1, empty", p.Timeouts, w.fired.Load(), p.TimeoutToken)
 		}
 	})
+}
+
+// settledConsumed returns Stats().Consumed once no delivery is held: a
+// message's effect can be visible before the bus counts it consumed (the
+// count follows the commit and the ack), so a count read right after
+// waiting for an effect may still miss that message.
+func settledConsumed(t *testing.T, b *bus.Bus) int64 {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Stats().InFlight != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d deliveries still held after 30s", b.Stats().InFlight)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return b.Stats().Consumed
 }
 
 func waitConsumed(t *testing.T, b *bus.Bus, n int64) {
