@@ -24,6 +24,7 @@ import (
 
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/gormstore/postgresdb"
+	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/reliability/workload"
 )
 
@@ -138,7 +139,7 @@ type run struct {
 
 	mu        sync.Mutex
 	consumers []*Proc
-	proxies   []*Proxy // proxies[i] carries consumers[i]'s broker connections
+	proxies   []*tcpproxy.Proxy // proxies[i] carries consumers[i]'s broker connections
 	relays    []*Proc
 	producer  *Proc
 	// phaseProducers are the producers of a phased profile, one per phase.
@@ -311,13 +312,13 @@ func (r *run) execute(ctx context.Context) error {
 	for i := range p.Consumers {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		var extraEnv []string
-		var px *Proxy
+		var px *tcpproxy.Proxy
 		if (p.Transport == TransportRabbitMQ && r.env.Cluster == nil) || IsWatermill(p.Transport) { // a cluster's faults are its nodes'
 			target, err := r.env.serverHostPort(p.Transport)
 			if err != nil {
 				return err
 			}
-			if px, err = NewProxy(target); err != nil {
+			if px, err = tcpproxy.New(target); err != nil {
 				return err
 			}
 			// Later entries win in os/exec: these replace the direct
@@ -326,7 +327,7 @@ func (r *run) execute(ctx context.Context) error {
 				extraEnv, err = r.env.watermillEnv(p.Transport, px)
 			} else {
 				var proxied string
-				proxied, err = px.ProxiedURL(r.env.AMQPURL)
+				proxied, err = proxiedURL(px, r.env.AMQPURL)
 				extraEnv = append(extraEnv, "BAREWIRE_AMQP_URL="+proxied)
 			}
 			if err != nil {
@@ -676,16 +677,16 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 			return "no broker on the PostgreSQL transport; db-close is its equivalent", errSkipped
 		}
 		if IsWatermill(r.prof.Transport) {
-			return fmt.Sprintf("%s, %d connections cut at the proxy", target.Name(), proxy.CloseConns()), nil
+			return fmt.Sprintf("%s, %d connections cut at the proxy", target.Name(), proxy.Cut()), nil
 		}
 		if len(r.env.Broker.Ctl) == 0 {
 			// Without rabbitmqctl, cut the TCP connections instead.
-			return fmt.Sprintf("%s, %d connections cut at the proxy (no rabbitmqctl)", target.Name(), proxy.CloseConns()), nil
+			return fmt.Sprintf("%s, %d connections cut at the proxy (no rabbitmqctl)", target.Name(), proxy.Cut()), nil
 		}
 		closed, err := r.env.Broker.CloseConnections(ctx, target.Pid(), "reliability fault: broker-close")
 		if err != nil {
 			// rabbitmqctl can time out on a loaded machine: cut instead.
-			return fmt.Sprintf("%s, %d connections cut at the proxy (rabbitmqctl failed: %v)", target.Name(), proxy.CloseConns(), err), nil
+			return fmt.Sprintf("%s, %d connections cut at the proxy (rabbitmqctl failed: %v)", target.Name(), proxy.Cut(), err), nil
 		}
 		return fmt.Sprintf("%s, %d connections closed by the broker", target.Name(), closed), nil
 
@@ -743,7 +744,7 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 // and committed at least one of the entries locked when the freeze began
 // (or until a deadline): resuming earlier would let the frozen handlers
 // commit first, and nothing would be fenced.
-func (r *run) stopCont(ctx context.Context, target *Proc, proxy *Proxy) (string, error) {
+func (r *run) stopCont(ctx context.Context, target *Proc, proxy *tcpproxy.Proxy) (string, error) {
 	inFlight := target.LastCounter("in_flight")
 	fencedBefore := target.Stats().Fenced
 	var (
@@ -791,7 +792,7 @@ func (r *run) stopCont(ctx context.Context, target *Proc, proxy *Proxy) (string,
 	}
 	how := "lease left to run out"
 	if proxy != nil {
-		how = fmt.Sprintf("%d connections cut", proxy.CloseConns())
+		how = fmt.Sprintf("%d connections cut", proxy.Cut())
 	}
 	start := time.Now()
 	// No takeover can happen sooner: the inbox lock must expire, and on

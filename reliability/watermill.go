@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/reliability/workload"
 	"github.com/barewire-go/barewire/transport/wmpubsub/wmnats"
 	"github.com/barewire-go/barewire/transport/wmpubsub/wmredis"
@@ -102,13 +103,13 @@ func (e Env) serverHostPort(transport string) (string, error) {
 
 // watermillEnv returns the environment that points a process of
 // transport at its server, through proxy when it is not nil.
-func (e Env) watermillEnv(transport string, proxy *Proxy) ([]string, error) {
+func (e Env) watermillEnv(transport string, proxy *tcpproxy.Proxy) ([]string, error) {
 	switch transport {
 	case TransportWMAMQP:
 		u := e.AMQPURL
 		if proxy != nil {
 			var err error
-			if u, err = proxy.ProxiedURL(u); err != nil {
+			if u, err = proxiedURL(proxy, u); err != nil {
 				return nil, err
 			}
 		}
@@ -117,7 +118,7 @@ func (e Env) watermillEnv(transport string, proxy *Proxy) ([]string, error) {
 		u := e.NATSURL
 		if proxy != nil {
 			var err error
-			if u, err = proxy.ProxiedURL(u); err != nil {
+			if u, err = proxiedURL(proxy, u); err != nil {
 				return nil, err
 			}
 		}

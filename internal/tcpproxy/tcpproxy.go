@@ -1,7 +1,8 @@
 // Package tcpproxy is a TCP proxy for tests that must cut a client's
 // connections to a server as a network failure would: the conformance
 // suites' reconnect case for transports whose client gives no way to drop
-// its connection (the Watermill presets).
+// its connection (the Watermill presets), and the reliability harness's
+// broker-close and stop-cont faults.
 package tcpproxy
 
 import (
