@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -25,26 +23,6 @@ import (
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
-
-// clusterScript returns the path of scripts/rabbitmq-cluster.sh.
-func clusterScript(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		p := filepath.Join(dir, "scripts", "rabbitmq-cluster.sh")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("scripts/rabbitmq-cluster.sh not found above the test's folder")
-		}
-		dir = parent
-	}
-}
 
 // cluster drives the test cluster's nodes through the script.
 type cluster struct {
@@ -101,7 +79,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	if len(urls) < 3 {
 		t.Fatalf("%s lists %d nodes; the test needs 3", testenv.AMQPClusterVar, len(urls))
 	}
-	cl := &cluster{t: t, script: clusterScript(t), urls: urls}
+	cl := &cluster{t: t, script: testenv.ClusterScript(t), urls: urls}
 	for n := 1; n <= len(urls); n++ {
 		if !cl.answers(n) {
 			t.Logf("node %d is down: starting it", n)

@@ -4,8 +4,6 @@ package reliability_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,7 +37,7 @@ func TestReliabilityCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &reliability.Cluster{Script: clusterScript(t), URLs: urls}
+	cl := &reliability.Cluster{Script: testenv.ClusterScript(t), URLs: urls}
 	for n := 1; n <= len(urls); n++ {
 		if !cl.Answers(n) {
 			t.Logf("node %d is down: starting it", n)
@@ -57,24 +55,4 @@ func TestReliabilityCluster(t *testing.T) {
 		Broker:      &reliability.Broker{URL: urls[0]},
 		Cluster:     cl,
 	})
-}
-
-// clusterScript returns the path of scripts/rabbitmq-cluster.sh.
-func clusterScript(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		p := filepath.Join(dir, "scripts", "rabbitmq-cluster.sh")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("scripts/rabbitmq-cluster.sh not found above the test's folder")
-		}
-		dir = parent
-	}
 }
