@@ -14,11 +14,11 @@ all: lint test
 ## TestPoisonWatermill: about 7 minutes for the three, without the PostgreSQL restart).
 ## TestReliabilityCluster is left out until the quorum-queue loss it found is fixed
 ## (docs/guarantees.md, known defects); run it with `make reliability TRANSPORT=cluster`.
-## The wmamqp conformance suite runs once more without -race: its reconnect case is
-## skipped under -race, as watermill-amqp v3.0.2's reconnect races.
+## The wmamqp conformance suite and its publisher's connection-cut test run once more
+## without -race: they are skipped under -race, as watermill-amqp v3.0.2's reconnect races.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	$(GO) test -count=1 -timeout 2m -run '^TestConformance$$' ./transport/wmpubsub/wmamqp/
+	$(GO) test -count=1 -timeout 2m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts)$$' ./transport/wmpubsub/wmamqp/
 	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,7 +39,9 @@ type Config struct {
 	PrefetchCount int
 }
 
-// publishChannels is the size of the publisher's channel pool.
+// publishChannels is how many channels the publisher keeps open between
+// publishes (watermill-amqp opens and closes one per Publish without a
+// pool); it is also how many publishes run at once.
 const publishChannels = 4
 
 // queueTopic marks the topic of a queue: sent through the default
@@ -73,9 +76,6 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			return q
 		}
 		cfg.Publish.ConfirmDelivery = true
-		// Channels kept open between publishes (watermill-amqp opens and
-		// closes one per Publish without a pool).
-		cfg.Publish.ChannelPoolSize = publishChannels
 		cfg.Queue.Arguments = amqp.Table(c.QueueArgs)
 		cfg.Consume.Qos.PrefetchCount = c.PrefetchCount
 		return cfg
@@ -117,11 +117,7 @@ func New(url string, configure func(c *Config)) transport.Factory {
 			if err != nil {
 				return nil, err
 			}
-			pub, err := wamqp.NewPublisherWithConnection(config(""), watermill.NopLogger{}, cw)
-			if err != nil {
-				return nil, err
-			}
-			return publisher{pub}, nil
+			return newPublisher(cw, config("")), nil
 		}
 		w.Subscriber = func(ctx context.Context, queue string) (message.Subscriber, error) {
 			cw, err := connection(ctx)
@@ -216,14 +212,114 @@ func (a *admin) close() {
 // publisher charges to the connection the publish errors of a connection
 // that is gone before watermill-amqp noticed it (a write on a closed
 // socket when it opens its channel), which Health cannot see yet.
-type publisher struct{ message.Publisher }
+// publisher publishes through publishChannels watermill-amqp Publishers,
+// each with one pooled channel and used by one publish at a time, and
+// replaces a Publisher whose publish failed with the connection.
+//
+// watermill-amqp v3.0.2's channel pool is not safe past a connection loss,
+// which is why the preset does not share one pool between publishes: a
+// pooled channel whose reopen meets the dead connection is dropped from
+// the pool for good with a nil *amqp.Channel (the pool shrinks until
+// Publish blocks for ever, and Close then panics on it), and a channel
+// closed while another publish takes it from the pool panics in
+// pooledChannel.validate on the nil close error. With one channel per
+// Publisher and one user per Publisher, a failed Publisher is closed by
+// the publish that saw it fail, with nobody else on it; a panic out of
+// watermill-amqp is turned into an error and retires the Publisher too.
+type publisher struct {
+	conn   *wamqp.ConnectionWrapper
+	config wamqp.Config
 
-func (p publisher) Publish(topic string, msgs ...*message.Message) error {
-	err := p.Publisher.Publish(topic, msgs...)
-	if err != nil && connectionError(err) {
-		return fmt.Errorf("%w: %w", err, outbox.ErrTransportUnavailable)
+	// slots holds publishChannels entries: a Publisher, or nil where one
+	// is to be opened. A publish takes an entry and puts one back.
+	slots  chan *wamqp.Publisher
+	closed atomic.Bool
+}
+
+func newPublisher(conn *wamqp.ConnectionWrapper, config wamqp.Config) *publisher {
+	config.Publish.ChannelPoolSize = 1
+	p := &publisher{conn: conn, config: config, slots: make(chan *wamqp.Publisher, publishChannels)}
+	for range publishChannels {
+		p.slots <- nil
+	}
+	return p
+}
+
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.closed.Load() {
+		return errors.New("wmamqp: publisher is closed")
+	}
+	pub := <-p.slots
+	err := p.publish(&pub, topic, msgs)
+	if p.closed.Load() && pub != nil {
+		_ = closePublisher(pub) // Close ran while this publish held pub
+		pub = nil
+	}
+	p.slots <- pub
+	return err
+}
+
+// publish publishes msgs on *pub, opening it first if it is nil, and
+// closes it and sets it to nil if the publish failed with the connection.
+func (p *publisher) publish(pub **wamqp.Publisher, topic string, msgs []*message.Message) (err error) {
+	if *pub == nil {
+		if !p.conn.IsConnected() {
+			return fmt.Errorf("wmamqp: not connected to RabbitMQ: %w", outbox.ErrTransportUnavailable)
+		}
+		np, err := wamqp.NewPublisherWithConnection(p.config, watermill.NopLogger{}, p.conn)
+		if err != nil {
+			return fmt.Errorf("wmamqp: open a publisher channel: %w: %w", err, outbox.ErrTransportUnavailable)
+		}
+		*pub = np
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("wmamqp: watermill-amqp failed on a broken channel (%v): %w", r, outbox.ErrTransportUnavailable)
+		}
+		if err != nil && errors.Is(err, outbox.ErrTransportUnavailable) {
+			_ = closePublisher(*pub)
+			*pub = nil
+		}
+	}()
+	err = (*pub).Publish(topic, msgs...)
+	// Decided by what failed: an error of the connection, or a connection
+	// that is down after the publish failed.
+	if err != nil && (connectionError(err) || !p.conn.IsConnected()) {
+		err = fmt.Errorf("%w: %w", err, outbox.ErrTransportUnavailable)
 	}
 	return err
+}
+
+// Close closes the Publishers not in use; a publish in flight closes its
+// own when it ends.
+func (p *publisher) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	for range publishChannels {
+		select {
+		case pub := <-p.slots:
+			if pub != nil {
+				errs = append(errs, closePublisher(pub))
+			}
+			defer func() { p.slots <- nil }()
+		default:
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// closePublisher closes pub, turning the panic watermill-amqp v3.0.2
+// raises on a pooled channel that failed to reopen (see publisher) into an
+// error; that channel is nil, there is nothing left to close.
+func closePublisher(pub *wamqp.Publisher) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("wmamqp: close publisher: a channel failed to reopen (%v)", r)
+		}
+	}()
+	return pub.Close()
 }
 
 // connectionError reports whether err says the connection to the broker
