@@ -3,6 +3,7 @@ package gormstore_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -169,8 +171,20 @@ func TestMigrateWithLiveTraffic(t *testing.T) {
 // TestMigrateRetriesDeadlock: a migration that has DDL to run and meets a
 // transaction taking the tables in the opposite order is chosen as the
 // deadlock victim, and tries again.
+//
+// PostgreSQL checks a waiting session for a deadlock once, deadlock_timeout
+// after it began to wait; the first check that finds the cycle aborts its
+// own session. So that the migration is the victim however slowly this
+// test gets the other transaction to wait (a loaded CI machine took over
+// the default 1 s), the migration's sessions check after 5 s and the
+// transaction's after 60 s.
 func TestMigrateRetriesDeadlock(t *testing.T) {
 	db := postgresBackend(t).db
+	migrationDB, err := postgresdb.Open(os.Getenv(postgresDSNEnv) + " deadlock_timeout=5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(t, migrationDB) })
 	prefix := randomPrefix(t)
 	t.Cleanup(func() { dropTables(t, db, prefix) })
 	s := migrated(t, db, gormstore.WithTablePrefix(prefix))
@@ -187,6 +201,10 @@ func TestMigrateRetriesDeadlock(t *testing.T) {
 	txDone := make(chan error, 1)
 	go func() {
 		txDone <- db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("SET LOCAL deadlock_timeout = '60s'").Error; err != nil {
+				added <- err
+				return err
+			}
 			err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{{MessageID: "holds-outbox", Destination: "queue:q"}})
 			added <- err
 			if err != nil {
@@ -202,7 +220,7 @@ func TestMigrateRetriesDeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := newSQLRecorder()
-	m, err := gormstore.New(db.Session(&gorm.Session{Logger: rec}), gormstore.WithTablePrefix(prefix))
+	m, err := gormstore.New(migrationDB.Session(&gorm.Session{Logger: rec}), gormstore.WithTablePrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,8 +234,8 @@ func TestMigrateRetriesDeadlock(t *testing.T) {
 		return err == nil && n > 0
 	})
 	// ... and the transaction now waits for the migration on the inbox: a
-	// deadlock, which PostgreSQL breaks by aborting the migration (it
-	// waited first, so its deadlock check runs first).
+	// deadlock, which PostgreSQL breaks by aborting the migration (its
+	// deadlock check runs first: see above).
 	close(proceed)
 	if err := <-txDone; err != nil {
 		t.Fatalf("the transaction that meets the migration: %v", err)
