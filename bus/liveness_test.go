@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
@@ -133,10 +133,14 @@ func pgOutbox(env *pgEnv, db *gorm.DB, more ...func(*outbox.Options)) []bus.Opti
 }
 
 // proxied opens a pool on env's database through a proxy that can cut it off.
-func proxied(t *testing.T, env *pgEnv) (*gorm.DB, *cutProxy) {
+func proxied(t *testing.T, env *pgEnv) (*gorm.DB, *tcpproxy.Proxy) {
 	t.Helper()
 	host, port := dsnField(env.dsn, "host", "127.0.0.1"), dsnField(env.dsn, "port", "5432")
-	p := newCutProxy(t, net.JoinHostPort(host, port))
+	p, err := tcpproxy.New(net.JoinHostPort(host, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
 	h, pp, _ := net.SplitHostPort(p.Addr())
 	direct := env.dsn
 	env.dsn = replaceDSNField(replaceDSNField(direct, "host", h), "port", pp)
@@ -313,89 +317,6 @@ func TestInboundBadIDsDeadLetteredAtOnce(t *testing.T) {
 	}
 }
 
-// cutProxy forwards TCP to target; Cut closes every connection and refuses
-// new ones until Restore, as a database that went away would.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.Cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *cutProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *cutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = in.Close()
-			continue
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			_ = in.Close()
-			continue
-		}
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-			p.mu.Lock()
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		go pipe(out, in)
-		go pipe(in, out)
-	}
-}
-
-// Cut closes every proxied connection and refuses new ones.
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// Restore accepts connections again.
-func (p *cutProxy) Restore() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
-
 // TestDatabaseOutagePausesConsumption: while PostgreSQL is unreachable the
 // endpoints hold their deliveries unacknowledged and probe, instead of
 // requeueing once a second: on a quorum queue with a delivery limit of 5,
@@ -439,7 +360,7 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 		})),
 	)...)
 	ctx := context.Background()
-	proxy.Cut()
+	proxy.Down()
 	cutAt := time.Now()
 	for i := range n {
 		if err := b.Publish(ctx, PaymentReceived{PaymentID: strconv.Itoa(i)}, bus.Headers{bus.HeaderMessageType: typ, bus.HeaderMessageID: fmt.Sprintf("out-%s-%d", amqpEnv.suffix, i)}); err != nil {
@@ -455,7 +376,7 @@ func TestDatabaseOutagePausesConsumption(t *testing.T) {
 		return false
 	})
 	time.Sleep(time.Until(cutAt.Add(outage))) // the outage itself: a duration, not a synchronisation
-	proxy.Restore()
+	proxy.Up()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		mu.Lock()
@@ -527,7 +448,7 @@ func TestStopDuringDatabaseOutage(t *testing.T) {
 	if err := b.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	proxy.Cut()
+	proxy.Down()
 	if err := b.Publish(ctx, PaymentReceived{PaymentID: "p"}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,9 @@
 // Package tcpproxy is a TCP proxy for tests that must cut a client's
 // connections to a server as a network failure would: the conformance
 // suites' reconnect case for transports whose client gives no way to drop
-// its connection (the Watermill presets), and the reliability harness's
-// broker-close and stop-cont faults.
+// its connection (the Watermill presets), the reliability harness's
+// broker-close and stop-cont faults, and the bus's database-outage tests
+// (Down and Up: a server that went away and came back).
 package tcpproxy
 
 import (
@@ -19,6 +20,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	down   bool // refuse new connections
 	wg     sync.WaitGroup
 }
 
@@ -44,6 +46,13 @@ func (p *Proxy) accept() {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			_ = c.Close()
+			continue
 		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -89,6 +98,23 @@ func (p *Proxy) Cut() int {
 		_ = c.Close()
 	}
 	return len(conns) / 2
+}
+
+// Down cuts every connection, as Cut does, and refuses new ones until Up:
+// the server is unreachable. It returns how many client connections it
+// cut.
+func (p *Proxy) Down() int {
+	p.mu.Lock()
+	p.down = true
+	p.mu.Unlock()
+	return p.Cut()
+}
+
+// Up accepts connections again after Down.
+func (p *Proxy) Up() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
 }
 
 // Close stops accepting, cuts every connection and waits for the

@@ -74,4 +74,29 @@ func TestCut(t *testing.T) {
 	if err := echo(c2); err != nil {
 		t.Fatalf("a new connection after Cut: %v", err)
 	}
+
+	// Down: the open connection ends and new ones are refused until Up.
+	if n := p.Down(); n != 1 {
+		t.Fatalf("Down cut %d connections, want 1", n)
+	}
+	if err := echo(c2); err == nil {
+		t.Fatal("a connection still works after Down")
+	}
+	c3, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := echo(c3); err == nil {
+		t.Fatal("a new connection works while the proxy is down")
+	}
+	p.Up()
+	c4, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c4.Close()
+	if err := echo(c4); err != nil {
+		t.Fatalf("a new connection after Up: %v", err)
+	}
 }
