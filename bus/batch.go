@@ -258,6 +258,13 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 				continue
 			}
 			j.err = errs[i]
+			if j.err != nil && !errors.Is(j.err, inbox.ErrLockLost) {
+				// If the batch's transaction failed with the database,
+				// its release of the locks failed too: the delivery's
+				// next attempt releases this one first (a no-op when it
+				// was released).
+				keepLock(j.ctx, items[i].Token)
+			}
 			var se *inbox.StoreError
 			if errors.As(j.err, &se) {
 				j.err = bt.storeErr(ctx, se.Op, se.Err)

@@ -243,6 +243,104 @@ func TestGroupCommitFailureIsolated(t *testing.T) {
 	})
 }
 
+// TestDatabaseCutMidTransaction: PostgreSQL becomes unreachable in the
+// middle of a consumer transaction (after a consumer's write, before the
+// COMMIT) and comes back 3 s later, in a batch of three (group commit) and
+// for a message alone (group commit off). Every message has its effect
+// once, nothing is dead-lettered, and the locks the failed transaction
+// could not release do not hold the retries until InboxLockTimeout (1 min
+// here): each delivery releases its own before trying again. A message
+// published after the outage flows too.
+func TestDatabaseCutMidTransaction(t *testing.T) {
+	for _, batched := range []bool{true, false} {
+		name := map[bool]string{true: "batch", false: "alone"}[batched]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			amqpEnv := newRealEnv(t)
+			pg := newPgEnv(t)
+			pgDB, proxy := proxied(t, pg)
+			table := "effects_cut_" + pg.suffix
+			if err := pg.db.Table(table).AutoMigrate(&effect{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pg.db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+			be := &batchBackend{
+				name: "postgres", q: amqpEnv.q("cut"), typ: amqpEnv.typ("Cut"), table: table,
+				options: func(declare func(*endpoint.Endpoints), more ...func(*outbox.Options)) []bus.Option {
+					return append(pgOutbox(pg, pgDB, more...), quiet(),
+						bus.WithTransport(rabbitmq.New(amqpEnv.url, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
+				},
+				db: func(*bus.Bus) *gorm.DB { return pg.db }, // around the proxy
+			}
+			const outage = 3 * time.Second
+			var (
+				cutOnce sync.Once
+				upAt    = make(chan time.Time, 1)
+			)
+			p := startBatchProbe(t, be, func(_ context.Context, d *endpoint.Delivery) error {
+				if d.MessageID == "b" { // its write is in the transaction
+					cutOnce.Do(func() {
+						if proxy.Down() == 0 {
+							t.Error("no database connection through the proxy to cut")
+						}
+						time.AfterFunc(outage, func() { proxy.Up(); upAt <- time.Now() })
+					})
+				}
+				return nil
+			}, func(e *endpoint.Endpoint) {
+				if !batched {
+					e.Batch.MaxMessages = 1
+				}
+			})
+			want := map[string]int{"b": 1}
+			if batched {
+				p.publishBatch(t, be, "a", "b", "c") // BatchDeliveriesPerHandler with the gate
+				want = map[string]int{"gate": 1, "a": 1, "b": 1, "c": 1}
+			} else if err := p.b.Publish(context.Background(), bus.Raw{Type: be.typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "b"}); err != nil {
+				t.Fatal(err)
+			}
+			var up time.Time
+			select {
+			case up = <-upAt:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the message never reached b's consumer")
+			}
+			deadline := up.Add(30 * time.Second)
+			for got := be.effects(t, p.b); !mapsEqual(got, want); got = be.effects(t, p.b) {
+				if time.Now().After(deadline) {
+					t.Fatalf("effects %v 30 s after the database came back, want %v; stats %+v", got, want, p.b.Stats())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			recovered := time.Since(up)
+			if batched {
+				if batches, ok := p.sawBatch("a", "b", "c"); !ok {
+					t.Fatalf("batches %v: want one holding a, b and c", batches)
+				}
+			}
+			// Well inside InboxLockTimeout: the kept locks were released.
+			if recovered > 15*time.Second {
+				t.Errorf("effects complete %v after the database came back", recovered)
+			}
+			if err := p.b.Publish(context.Background(), bus.Raw{Type: be.typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "after"}); err != nil {
+				t.Fatal(err)
+			}
+			want["after"] = 1
+			waitStats(t, p.b, func(s bus.Stats) bool { return s.Consumed >= int64(len(want)) })
+			if got := be.effects(t, p.b); !mapsEqual(got, want) {
+				t.Fatalf("effects %v, want %v", got, want)
+			}
+			if s := p.b.Stats(); s.DeadLettered != 0 {
+				t.Fatalf("stats %+v: an outage must not dead-letter", s)
+			}
+			p.mu.Lock()
+			calls := maps.Clone(p.calls)
+			p.mu.Unlock()
+			t.Logf("outage %v mid-transaction (%s): all effects once %v after the database came back; consumer runs %v", outage, name, recovered.Round(time.Millisecond), calls)
+		})
+	}
+}
+
 // TestGroupCommitDuplicateInBatch: the same message id twice in one batch
 // has its effect once; the repeat is absorbed as a duplicate.
 func TestGroupCommitDuplicateInBatch(t *testing.T) {

@@ -103,6 +103,8 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 				st.duplicate.Store(true)
 			}
 		},
+		OnLockKept: func(ctx context.Context, _ inbox.Key, token string) { keepLock(ctx, token) },
+		Stopping:   b.gate.stopping(),
 	}
 	if b.cfg.clock != nil {
 		mw.Clock = b.cfg.clock
@@ -200,7 +202,10 @@ func (b *Bus) consume(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		}
 		attempts++
 		d.attempt.Store(int64(attempts))
-		verdict, err := b.attempt(ctx, ep, disp, mw, msg, attempts, log)
+		verdict, err := "", b.releaseKeptLock(ctx, ep, msg, d)
+		if err == nil {
+			verdict, err = b.attempt(ctx, ep, disp, mw, msg, attempts, log)
+		}
 		kind, err := b.classify(ctx, err)
 		switch kind {
 		case outcomeOK:
@@ -277,6 +282,31 @@ func quoteIfBad(id string) string {
 		return quoteID(id)
 	}
 	return id
+}
+
+// keepLock records, on the delivery of ctx, the token of an inbox lock
+// that a failed attempt could not release.
+func keepLock(ctx context.Context, token string) {
+	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+		d.keptLock = token
+	}
+}
+
+// releaseKeptLock releases the lock an earlier attempt of d kept, so that
+// this attempt takes it at once after a database outage instead of waiting
+// InboxLockTimeout for it to expire. A lock that has since expired, been
+// taken over or processed (the failed commit had committed after all) is
+// left as it is: the attempt then finds it so.
+func (b *Bus) releaseKeptLock(ctx context.Context, ep *endpoint.Endpoint, msg *message.Message, d *delivery) error {
+	if d.keptLock == "" {
+		return nil
+	}
+	key := inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()}
+	if err := b.inboxSt.Release(ctx, key, d.keptLock); err != nil {
+		return &inbox.StoreError{Op: "release the lock of a failed attempt", Err: err}
+	}
+	d.keptLock = ""
+	return nil
 }
 
 func pause(ctx context.Context, d time.Duration) {

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
@@ -592,4 +594,49 @@ func TestSendToAMissingQueueParkedAtOnce(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestStopEndsTheWaitForABusyLock: a delivery whose inbox entry is locked
+// by another delivery (a process that died holding it, with InboxLockTimeout
+// still to run) waits in process; Stop ends that wait at once and hands the
+// message back, instead of holding Stop until the lock expires.
+func TestStopEndsTheWaitForABusyLock(t *testing.T) {
+	t.Parallel()
+	ran := make(chan struct{}, 1)
+	b, err := bus.New(quiet(), bus.WithSQLite(filepath.Join(t.TempDir(), "bw.db")), inprocEndpoint("busy-lock", func(e *endpoint.Endpoint) {
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+			ran <- struct{}{}
+			return nil
+		})
+	}), bus.WithOutbox(func(o *outbox.Options) { o.InboxLockTimeout = time.Minute }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The lock of a delivery that will never finish.
+	if _, err := b.InboxStore().TryLock(ctx, inbox.Key{MessageID: "held", ConsumerType: "busy-lock"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, PaymentReceived{PaymentID: "held"}, bus.Headers{bus.HeaderMessageID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return b.Stats().InFlight == 1 })
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := b.Stop(sctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Stop took %v with a delivery waiting for a busy lock", d)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the consumer ran while another delivery held the lock")
+	default:
+	}
+	t.Logf("Stop returned %v after it began, the delivery waiting for a lock with a minute to run", time.Since(start).Round(time.Millisecond))
 }

@@ -138,6 +138,12 @@ type delivery struct {
 	// deadLetterReduced or deadLetterOutbox.
 	deadLetterForm string
 	outcome        string // Outcome*, set before handled
+	// keptLock is the token of an inbox lock a failed attempt could not
+	// release (the database failed under it): the next attempt releases it
+	// first rather than wait InboxLockTimeout for it to expire. Set by the
+	// attempt (or its batch worker, before the attempt's done is closed)
+	// and read by consume between attempts.
+	keptLock string
 
 	// telemetry.go's: the process span and the metric attributes.
 	span  trace.Span

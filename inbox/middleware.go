@@ -32,6 +32,15 @@ type Middleware struct {
 	// OnDuplicate, when set, is called for each duplicate skipped, with
 	// the context of the delivery skipped.
 	OnDuplicate func(context.Context, Key)
+	// OnLockKept, when set, is called with the token of a lock that a
+	// failed attempt could not release (the database failed under it),
+	// with the attempt's context: the caller's next attempt of the same
+	// delivery can release it first instead of waiting for it to expire.
+	OnLockKept func(ctx context.Context, key Key, token string)
+	// Stopping, when set, ends the wait for another delivery's lock with
+	// ErrBusy when it is closed (the bus is stopping): the message goes
+	// back to the broker instead of holding Stop until the lock expires.
+	Stopping <-chan struct{}
 	// Clock, when set, is the clock the store decides lock expiry by (a
 	// test's fake clock): the wait for another delivery's lock measures
 	// against it and ends early when it advances. Nil: the real clock.
@@ -121,7 +130,10 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			// Release at once so the retry (or redelivery) can lock again;
 			// if this fails too, the lock simply expires.
 			if rerr := m.Store.Release(context.WithoutCancel(ctx), key, lock.Token); rerr != nil {
-				log.WarnContext(ctx, "inbox: releasing lock failed; it will expire",
+				if m.OnLockKept != nil {
+					m.OnLockKept(ctx, key, lock.Token)
+				}
+				log.WarnContext(ctx, "inbox: releasing lock failed; the next attempt releases it, or it expires",
 					"message_id", key.MessageID, "consumer_type", key.ConsumerType, "error", rerr)
 			}
 		}
@@ -156,8 +168,8 @@ func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 }
 
 // wait sleeps until the other delivery's lock should be settled, at most
-// busyDelay, and returns ErrBusy if ctx ends first (the message is then
-// requeued, not lost).
+// busyDelay, and returns ErrBusy if ctx ends or Stopping closes first (the
+// message is then requeued, not lost).
 func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
 	now, advanced := time.Now, (<-chan struct{})(nil)
 	if m.Clock != nil {
@@ -173,6 +185,8 @@ func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay ti
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+		return ErrBusy
+	case <-m.Stopping: // nil when not set: never ready
 		return ErrBusy
 	case <-t.C:
 		return nil
