@@ -38,8 +38,8 @@ func ExampleDelay() {
 	defer b.Stop(ctx)
 
 	// snippet:start schedule
-	// Due in 200ms: the message waits in the outbox until then.
-	err := b.Publish(ctx, PaymentDue{InvoiceID: "inv-1"}, bus.Delay(200*time.Millisecond))
+	// Due in 2s: the message waits in the outbox until then.
+	err := b.Publish(ctx, PaymentDue{InvoiceID: "inv-1"}, bus.Delay(2*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
