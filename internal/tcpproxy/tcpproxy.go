@@ -7,8 +7,10 @@
 package tcpproxy
 
 import (
+	"errors"
 	"io"
 	"net"
+	"net/url"
 	"sync"
 )
 
@@ -39,6 +41,27 @@ func New(target string) (*Proxy, error) {
 
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// ForURL proxies the server of rawURL (its host:port) and returns the
+// proxy and rawURL with its host replaced by the proxy's.
+func ForURL(rawURL string) (*Proxy, string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return nil, "", errors.New("tcpproxy: cannot parse the server URL") // never quote it: it may hold a password
+	}
+	p, err := New(u.Host)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, p.URL(u), nil
+}
+
+// URL returns u with its host replaced by the proxy's.
+func (p *Proxy) URL(u *url.URL) string {
+	v := *u
+	v.Host = p.Addr()
+	return v.String()
+}
 
 func (p *Proxy) accept() {
 	defer p.wg.Done()

@@ -3,6 +3,7 @@ package tcpproxy_test
 import (
 	"bufio"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,5 +99,21 @@ func TestCut(t *testing.T) {
 	defer c4.Close()
 	if err := echo(c4); err != nil {
 		t.Fatalf("a new connection after Up: %v", err)
+	}
+}
+
+// TestForURL: the proxied URL keeps everything but the host, and a URL
+// without a host is refused without being quoted (it may hold a password).
+func TestForURL(t *testing.T) {
+	p, proxied, err := tcpproxy.ForURL("amqp://guest:secret@127.0.0.1:5672/vhost?heartbeat=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if want := "amqp://guest:secret@" + p.Addr() + "/vhost?heartbeat=5"; proxied != want {
+		t.Fatalf("proxied %q, want %q", proxied, want)
+	}
+	if _, _, err := tcpproxy.ForURL("not a url with secret"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("err %v: want an error that does not quote the URL", err)
 	}
 }

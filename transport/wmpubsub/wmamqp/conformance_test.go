@@ -1,14 +1,12 @@
 package wmamqp_test
 
 import (
-	neturl "net/url"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/transport/transporttest"
@@ -42,17 +40,7 @@ func deleteTopology(t *testing.T, url string, queues, exchanges []string) {
 // (see raceEnabled); CI runs it in the non-race pass of `make test`.
 func TestConformance(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close()
-	proxied := *u
-	proxied.Host = px.Addr()
+	px, proxied := testenv.Proxy(t, url)
 	var reconnect func(t *testing.T, _ transport.Transport)
 	if !raceEnabled { // see raceEnabled: the race is watermill-amqp's
 		// Every connection of the transport goes through the proxy.
@@ -65,7 +53,7 @@ func TestConformance(t *testing.T) {
 	transporttest.Run(t, transporttest.Config{
 		Reconnect: reconnect,
 		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
-			return wmamqp.New(proxied.String(), func(c *wmamqp.Config) { declare(&c.Endpoints) })
+			return wmamqp.New(proxied, func(c *wmamqp.Config) { declare(&c.Endpoints) })
 		},
 		Durable: true,
 		Cleanup: func(t *testing.T, queues, exchanges []string) { deleteTopology(t, url, queues, exchanges) },

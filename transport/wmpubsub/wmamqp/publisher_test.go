@@ -7,7 +7,6 @@ package wmamqp
 
 import (
 	"context"
-	neturl "net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/internal/testenv"
 )
 
@@ -32,17 +30,7 @@ import (
 // goroutine publishes again after each cut, and Close returns.
 func TestPublisherSurvivesConnectionCuts(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close()
-	proxied := *u
-	proxied.Host = px.Addr()
+	px, proxied := testenv.Proxy(t, url)
 
 	queue := "wmamqp-publisher-cuts-" + watermill.NewShortUUID()
 	direct, err := amqp.Dial(url)
@@ -59,12 +47,12 @@ func TestPublisherSurvivesConnectionCuts(t *testing.T) {
 	}
 	defer func() { _, _ = ch.QueueDelete(queue, false, false, false) }()
 
-	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: proxied.String()}, watermill.NopLogger{})
+	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{AmqpURI: proxied}, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	cfg := wamqp.NewDurablePubSubConfig(proxied.String(), nil)
+	cfg := wamqp.NewDurablePubSubConfig(proxied, nil)
 	cfg.Marshaler = Marshaler{}
 	cfg.Exchange.GenerateName = func(string) string { return "" }
 	cfg.Publish.GenerateRoutingKey = func(string) string { return queue }

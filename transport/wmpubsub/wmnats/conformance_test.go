@@ -1,7 +1,6 @@
 package wmnats_test
 
 import (
-	"net/url"
 	"testing"
 	"time"
 
@@ -9,7 +8,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/transport"
 	"github.com/barewire-go/barewire/transport/transporttest"
@@ -39,28 +37,14 @@ func deleteStreams(t *testing.T, url string, queues, types []string) {
 	}
 }
 
-// proxyTo returns a proxy to the server of url, closed at the end of t.
-func proxyTo(t *testing.T, rawURL string) *tcpproxy.Proxy {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := tcpproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(px.Close)
-	return px
-}
-
 // TestConformance runs the seam's conformance suite on the local NATS
 // JetStream server.
 func TestConformance(t *testing.T) {
 	url := testenv.NATSURL(t)
-	px := proxyTo(t, url)
+	px, proxied := testenv.Proxy(t, url)
 	transporttest.Run(t, transporttest.Config{
 		New: func(t *testing.T, declare func(*endpoint.Endpoints)) transport.Factory {
-			return wmnats.New("nats://"+px.Addr(), func(c *wmnats.Config) {
+			return wmnats.New(proxied, func(c *wmnats.Config) {
 				declare(&c.Endpoints)
 				c.AckWait = 5 * time.Second
 			})
