@@ -52,6 +52,39 @@ func (c *cluster) answers(n int) bool {
 	return true
 }
 
+// waitOnline waits (up to 90 s) until every node runs a member of the
+// quorum queue, so that the node loss the test causes is one of three
+// members, not the second of a queue whose third member is still
+// recovering (a node started just before the test, or by another run).
+func (c *cluster) waitOnline(queue string) {
+	c.t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	online := 0
+	for {
+		for n := 1; n <= len(c.urls) && online < len(c.urls); n++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			out, err := exec.CommandContext(ctx, c.script, "ctl", fmt.Sprint(n), "-q", "list_queues", "name", "online", "--no-table-headers").Output()
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) > 0 && f[0] == queue {
+					online = strings.Count(line, "@")
+				}
+			}
+			break
+		}
+		if online >= len(c.urls) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("queue %s has %d of %d members online after 90 s", queue, online, len(c.urls))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // nodeOf returns the node number (1-based) of a URL the transport reports
 // (redacted), by its host:port.
 func (c *cluster) nodeOf(redacted string) int {
@@ -222,6 +255,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	before := phase(4 * time.Second)
 
+	cl.waitOnline(queue)
 	victim := cl.nodeOf(trs[0].Node())
 	if victim == 0 {
 		t.Fatalf("instance A is connected to %q, not to a cluster node", trs[0].Node())
