@@ -93,6 +93,14 @@ func (t *Transport) getPublisher() (*publisher, error) {
 // Retiring the channel at the first nack ends that; a nack for a reason
 // that lasts (a full queue with overflow reject-publish) costs one
 // channel per batch.
+//
+// Worse, such a channel later acks publishes that never reach the queue
+// (no nack, no basic.return even when mandatory): measured with
+// TestProbeQuorumLeaderLoss, every publish that was acked but lost had
+// been acked after a nack on its channel. So onConfirm does not trust an
+// ack that follows a nack on the same channel: Deliver sends that message
+// again on a new channel (a duplicate when the ack was true, which the
+// receiving inbox absorbs).
 func (t *Transport) releasePublisher(p *publisher) {
 	p.pmu.Lock()
 	nacked := p.nacked
@@ -190,12 +198,21 @@ func (p *publisher) onConfirm(c amqp.Confirmation) {
 	if pp == nil {
 		return
 	}
+	p.pmu.Lock()
+	afterNack := p.nacked
+	if !c.Ack {
+		p.nacked = true
+	}
+	p.pmu.Unlock()
 	switch {
 	case !c.Ack:
 		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
-		p.pmu.Lock()
-		p.nacked = true
-		p.pmu.Unlock()
+	case afterNack:
+		// Not trusted: on RabbitMQ 3.10 a channel that got a nack from a
+		// quorum queue without a leader goes on to ack publishes that
+		// no queue ever holds (see releasePublisher). Deliver sends the
+		// message again on a new channel, as if it had been nacked.
+		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key, ackAfterNack: true}
 	case pp.returned != nil:
 		pp.err = &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
 			Code: pp.returned.ReplyCode, Text: pp.returned.ReplyText}
@@ -282,11 +299,19 @@ func isChannelException(code int) bool {
 // nackedError is the error of a publish the broker nacked: a queue it was
 // routed to did not take it (a quorum queue without a leader, a full
 // queue with overflow reject-publish, a queue process that failed).
+//
+// ackAfterNack marks a publish the broker acked after it had nacked another
+// one on the same channel: such an ack is not trusted, and the message is
+// handled as nacked.
 type nackedError struct {
 	messageID, exchange, key string
+	ackAfterNack             bool
 }
 
 func (e *nackedError) Error() string {
+	if e.ackAfterNack {
+		return fmt.Sprintf("rabbitmq: broker acked message %q to exchange %q with routing key %q after nacking another publish on the same channel (not trusted: see docs/guarantees.md)", e.messageID, e.exchange, e.key)
+	}
 	return fmt.Sprintf("rabbitmq: broker rejected (nacked) message %q to exchange %q with routing key %q", e.messageID, e.exchange, e.key)
 }
 

@@ -1059,3 +1059,41 @@ func TestNackRetiresThePublishChannel(t *testing.T) {
 		t.Errorf("queue holds %d, want 1", got)
 	}
 }
+
+// TestAckAfterNackIsNotTrusted feeds a publisher a nack and then acks: an
+// ack that follows a nack on the same channel must come out as a nacked
+// publish (sent again by Deliver on a new channel), since on RabbitMQ 3.10
+// such acks were measured for messages no queue ever held; an ack before
+// the nack stands.
+func TestAckAfterNackIsNotTrusted(t *testing.T) {
+	p := &publisher{sem: make(chan struct{}, 3), pending: map[uint64]*pending{}, done: make(chan struct{})}
+	var pps []*pending
+	for tag := uint64(1); tag <= 3; tag++ {
+		pp := &pending{tag: tag, exchange: "x", messageID: fmt.Sprint("m", tag), done: make(chan struct{})}
+		p.sem <- struct{}{}
+		p.pending[tag] = pp
+		pps = append(pps, pp)
+	}
+	p.onConfirm(amqp.Confirmation{DeliveryTag: 1, Ack: true})
+	p.onConfirm(amqp.Confirmation{DeliveryTag: 2, Ack: false})
+	p.onConfirm(amqp.Confirmation{DeliveryTag: 3, Ack: true})
+	for _, pp := range pps {
+		<-pp.done
+	}
+	if pps[0].err != nil {
+		t.Errorf("ack before the nack: %v, want nil", pps[0].err)
+	}
+	var ne *nackedError
+	if !errors.As(pps[1].err, &ne) || ne.ackAfterNack {
+		t.Errorf("nack: %v, want a plain nackedError", pps[1].err)
+	}
+	if !errors.As(pps[2].err, &ne) || !ne.ackAfterNack {
+		t.Errorf("ack after the nack: %v, want a nackedError marked ackAfterNack", pps[2].err)
+	}
+	if errors.Is(pps[2].err, outbox.ErrTransportUnavailable) {
+		t.Error("an untrusted ack must count as an attempt, like the nack it follows")
+	}
+	if len(p.sem) != 0 {
+		t.Errorf("%d publish slots still taken", len(p.sem))
+	}
+}
