@@ -53,7 +53,9 @@ func (b *Bus) Publish(ctx context.Context, msg any, headers Headers) error {
 // PublishTx writes msg to the outbox in tx. If tx commits, the message is
 // delivered at least once, with its message-id preserved so that receivers'
 // inboxes absorb repeats; if tx rolls back, it is never sent. PublishTx does
-// not commit tx.
+// not commit tx. In a Transaction on PostgreSQL with postgresdb.Pipeline the
+// row is written at commit, with the COMMIT (see Transaction); PublishTx
+// still returns at once what is wrong with the message.
 func (b *Bus) PublishTx(ctx context.Context, tx *gorm.DB, msg any, headers Headers) error {
 	if tx == nil {
 		return fmt.Errorf("%w: PublishTx: tx is nil", ErrInvalidMessage)
