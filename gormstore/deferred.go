@@ -55,6 +55,7 @@ type DeferredTx struct {
 	pending   []*outbox.Message
 	immediate bool // a savepoint was taken
 	done      bool
+	failed    error // writing the kept rows before a savepoint failed
 }
 
 // Begin begins a transaction whose outbox rows are written at commit, in
@@ -161,7 +162,16 @@ func (d *DeferredTx) beforeStatement(ctx context.Context, q string) error {
 	d.mu.Lock()
 	d.immediate = true
 	d.mu.Unlock()
-	return d.flush(ctx, d.take())
+	err := d.flush(ctx, d.take())
+	if err != nil {
+		// The rows are not in the transaction (a context canceled before
+		// the insert was sent leaves the transaction itself intact): it
+		// must not commit.
+		d.mu.Lock()
+		d.failed = err
+		d.mu.Unlock()
+	}
+	return err
 }
 
 // flush inserts msgs now, in the transaction.
@@ -221,16 +231,19 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 		return ErrTxDone
 	}
 	d.done = true
-	msgs := d.pending
+	msgs, failed := d.pending, d.failed
 	d.pending = nil
 	d.mu.Unlock()
 	defer func() {
 		if err != nil {
-			d.end(ctx)
+			_ = d.end(ctx)
 			return
 		}
 		_ = d.conn.Close()
 	}()
+	if failed != nil {
+		return fmt.Errorf("gormstore: outbox add before a savepoint failed, not committing: %w", failed)
+	}
 	if len(msgs) == 0 {
 		return d.commitWith(ctx, "", nil, nil)
 	}

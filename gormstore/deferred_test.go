@@ -241,3 +241,38 @@ func TestDeferredNeedsPlugin(t *testing.T) {
 		t.Fatalf("Begin on SQLite = %v, %v; want nil, nil", tx, err)
 	}
 }
+
+// When writing the kept rows before a SAVEPOINT fails, the transaction
+// does not commit: its rows are not in it. (A canceled context, as here,
+// also costs the connection; the transaction refuses the commit on its
+// own as well, for a failure that leaves the connection usable.)
+func TestDeferredFlushFailureDoesNotCommit(t *testing.T) {
+	s, db, business := deferredSetup(t)
+	ctx := context.Background()
+	out := s.Outbox()
+	tx, err := out.Begin(ctx, db)
+	if err != nil || tx == nil {
+		t.Fatalf("Begin: %v, %v", tx, err)
+	}
+	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "b1").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("kept", "T")}); err != nil {
+		t.Fatal(err)
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := tx.WithContext(canceled).Exec("SAVEPOINT a").Error; err == nil {
+		t.Fatal("SAVEPOINT with a canceled context: no error")
+	}
+	if err := gormstore.DeferredOf(tx).CommitContext(ctx); err == nil {
+		t.Fatal("commit succeeded though the kept outbox row was never written")
+	}
+	if n := count(t, db, "SELECT count(*) FROM "+business); n != 0 {
+		t.Fatalf("%d business rows committed without their outbox row", n)
+	}
+	// The pool still works.
+	if n := count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox"); n != 0 {
+		t.Fatalf("%d outbox rows, want 0", n)
+	}
+}
