@@ -162,6 +162,12 @@ func (d *DeferredTx) beforeStatement(ctx context.Context, q string) error {
 	d.mu.Lock()
 	d.immediate = true
 	d.mu.Unlock()
+	return d.writeKept(ctx)
+}
+
+// writeKept inserts the rows kept so far, now: before a statement that
+// must see them (a savepoint, the store's Cancel in this transaction).
+func (d *DeferredTx) writeKept(ctx context.Context) error {
 	err := d.flush(ctx, d.take())
 	if err != nil {
 		// The rows are not in the transaction (a context canceled before

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -72,6 +73,7 @@ func TestDeferredAddWaitsForCommit(t *testing.T) {
 	if err != nil || tx == nil {
 		t.Fatalf("Begin: %v, %v", tx, err)
 	}
+	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 	d := gormstore.DeferredOf(tx)
 	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "b1").Error; err != nil {
 		t.Fatal(err)
@@ -127,6 +129,7 @@ func TestDeferredInsertFailureRollsBack(t *testing.T) {
 		if err != nil || tx == nil {
 			t.Fatalf("Begin: %v, %v", tx, err)
 		}
+		t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 		if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "b1").Error; err != nil {
 			t.Fatal(err)
 		}
@@ -155,6 +158,7 @@ func TestDeferredSavepoint(t *testing.T) {
 	if err != nil || tx == nil {
 		t.Fatalf("Begin: %v, %v", tx, err)
 	}
+	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 	add := func(tx *gorm.DB, id string) {
 		t.Helper()
 		if err := out.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg(id, "T")}); err != nil {
@@ -199,6 +203,7 @@ func TestDeferredCommitOfFailedTransaction(t *testing.T) {
 		if err != nil || tx == nil {
 			t.Fatalf("Begin: %v, %v", tx, err)
 		}
+		t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() })       // a failed test must not leave it open: the tables are dropped
 		_ = tx.Exec("INSERT INTO " + business + " (nope) VALUES (1)").Error // fails: no such column
 		if withMsg {
 			if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("m", "T")}); err != nil {
@@ -221,6 +226,7 @@ func TestDeferredRollback(t *testing.T) {
 	if err != nil || tx == nil {
 		t.Fatalf("Begin: %v, %v", tx, err)
 	}
+	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 	if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("r", "T")}); err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +260,7 @@ func TestDeferredFlushFailureDoesNotCommit(t *testing.T) {
 	if err != nil || tx == nil {
 		t.Fatalf("Begin: %v, %v", tx, err)
 	}
+	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "b1").Error; err != nil {
 		t.Fatal(err)
 	}
@@ -274,5 +281,40 @@ func TestDeferredFlushFailureDoesNotCommit(t *testing.T) {
 	// The pool still works.
 	if n := count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox"); n != 0 {
 		t.Fatalf("%d outbox rows, want 0", n)
+	}
+}
+
+// Cancel in the transaction that published the message finds it: the
+// kept rows are written first.
+func TestDeferredCancelSeesKeptRows(t *testing.T) {
+	s, db, _ := deferredSetup(t)
+	ctx := context.Background()
+	out := s.Outbox()
+	tx, err := out.Begin(ctx, db)
+	if err != nil || tx == nil {
+		t.Fatalf("Begin: %v, %v", tx, err)
+	}
+	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
+	m := msg("sched", "T")
+	m.Delay = time.Hour
+	if err := out.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{m, msg("other", "T")}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := out.Cancel(gormstore.WithTx(ctx, tx), "sched")
+	if err != nil || n != 1 {
+		t.Fatalf("Cancel in the publishing transaction = %d, %v; want 1", n, err)
+	}
+	if err := out.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("later", "T")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := gormstore.DeferredOf(tx).CommitContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	if err := db.Raw("SELECT message_id FROM " + s.TablePrefix() + "outbox ORDER BY id").Scan(&ids).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 2 || ids[0] != "other" || ids[1] != "later" {
+		t.Fatalf("outbox rows %v, want [other later]", ids)
 	}
 }

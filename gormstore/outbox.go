@@ -599,6 +599,13 @@ func (o *Outbox) Cancel(ctx context.Context, messageID string) (int, error) {
 	db := o.s.db
 	if tx, ok := TxFromContext(ctx); ok {
 		db = tx
+		// A message published earlier in this transaction must be there
+		// to be canceled.
+		if d, ok := conn(tx).(*DeferredTx); ok {
+			if err := d.writeKept(ctx); err != nil {
+				return 0, fmt.Errorf("gormstore: outbox cancel %s: %w", messageID, err)
+			}
+		}
 	}
 	res := db.WithContext(ctx).Exec(o.cancelSQL, messageID)
 	if res.Error != nil {
