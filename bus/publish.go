@@ -53,7 +53,9 @@ func (b *Bus) Publish(ctx context.Context, msg any, headers Headers) error {
 // PublishTx writes msg to the outbox in tx. If tx commits, the message is
 // delivered at least once, with its message-id preserved so that receivers'
 // inboxes absorb repeats; if tx rolls back, it is never sent. PublishTx does
-// not commit tx.
+// not commit tx. In a Transaction on PostgreSQL with postgresdb.Pipeline the
+// row is written at commit, with the COMMIT (see Transaction); PublishTx
+// still returns at once what is wrong with the message.
 func (b *Bus) PublishTx(ctx context.Context, tx *gorm.DB, msg any, headers Headers) error {
 	if tx == nil {
 		return fmt.Errorf("%w: PublishTx: tx is nil", ErrInvalidMessage)
@@ -84,15 +86,58 @@ func (b *Bus) SendTx(ctx context.Context, tx *gorm.DB, destination string, msg a
 
 // Transaction runs fn in a transaction on the bus's database and wakes the
 // relay as soon as it commits, so that what fn published leaves at once.
+// fn's error, or a panic, rolls the transaction back.
+//
+// On PostgreSQL with the postgresdb.Pipeline plugin registered on the
+// database (postgresdb.Open does), what PublishTx and SendTx write in tx
+// waits for the commit and goes in one multi-row insert sent together with
+// the COMMIT: BEGIN, fn's statements and one round trip, however many
+// messages fn publishes. PublishTx still returns what is wrong with a
+// message at once; a failed outbox insert fails the commit and rolls the
+// transaction back. After a SAVEPOINT in tx (a nested tx.Transaction, say)
+// messages are written at once again, so that a ROLLBACK TO removes them
+// with the rest. Elsewhere, and for a transaction of your own passed to
+// PublishTx, the outbox row is written by PublishTx itself.
 func (b *Bus) Transaction(ctx context.Context, fn func(tx *gorm.DB) error) error {
 	if b.db == nil {
 		return ErrNotStarted
+	}
+	if b.store != nil {
+		tx, err := b.store.Outbox().Begin(ctx, b.db)
+		if err != nil {
+			return fmt.Errorf("bus: begin transaction: %w", err)
+		}
+		if tx != nil {
+			err = runDeferred(ctx, tx, fn)
+			if err == nil {
+				b.wake()
+			}
+			return err
+		}
 	}
 	err := b.db.WithContext(ctx).Transaction(fn)
 	if err == nil {
 		b.wake()
 	}
 	return err
+}
+
+// runDeferred runs fn in tx, a transaction of gormstore's Outbox.Begin, and
+// commits it, or rolls it back when fn fails or panics.
+func runDeferred(ctx context.Context, tx *gorm.DB, fn func(tx *gorm.DB) error) (err error) {
+	d := gormstore.DeferredOf(tx)
+	panicked := true
+	defer func() {
+		if panicked || err != nil {
+			_ = d.Rollback() // ErrTxDone after a failed commit, which rolled back
+		}
+	}()
+	err = fn(tx)
+	panicked = false
+	if err != nil {
+		return err
+	}
+	return d.CommitContext(ctx)
 }
 
 // WakeRelay makes the outbox relay look for pending rows now rather than at
@@ -149,7 +194,9 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 		if err := b.outboxSt.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{m}); err != nil {
 			return fmt.Errorf("bus: write outbox: %w", err)
 		}
-		b.wake()
+		if gormstore.DeferredOf(tx) == nil {
+			b.wake()
+		} // else Transaction wakes the relay once the row is committed
 		return nil
 	}
 	b.mu.Lock()

@@ -245,12 +245,18 @@ func (o *Outbox) Add(ctx context.Context, msgs []*outbox.Message) error {
 			return fmt.Errorf("gormstore: outbox add: message %s has a negative Delay %v; use 0 to send at once", m.MessageID, m.Delay)
 		}
 	}
+	// In a transaction of Begin the rows wait for the commit, which sends
+	// them with the COMMIT (the checks above ran: what is wrong with a
+	// message is still this call's error).
+	if d, ok := conn(tx).(*DeferredTx); ok && d.keep(o, msgs) {
+		return nil
+	}
 	// On PostgreSQL the first INSERT also returns the transaction id, in
 	// the same statement: one round trip per Add, which is most of
 	// PublishTx's cost.
 	watch := o.watch != nil
 	for _, part := range chunk(msgs, maxInsertRows) {
-		xid, err := o.insert(ctx, tx, part, watch)
+		xid, err := o.insert(ctx, conn(tx), part, watch)
 		if err != nil {
 			return err
 		}
@@ -270,17 +276,33 @@ type insertedRow struct {
 	Xid string `gorm:"column:xid"`
 }
 
-// insert runs one INSERT; with withXid (PostgreSQL) it also returns the
-// transaction's id.
-func (o *Outbox) insert(ctx context.Context, tx *gorm.DB, msgs []*outbox.Message, withXid bool) (string, error) {
+// insert runs one INSERT on pool; with withXid (PostgreSQL) it also
+// returns the transaction's id.
+func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, msgs []*outbox.Message, withXid bool) (string, error) {
 	stmt := o.insertSQL(len(msgs), withXid)
+	args, err := o.insertArgs(msgs)
+	if err != nil {
+		return "", err
+	}
+	rows, err := o.scanInserted(ctx, pool, stmt, args, len(msgs), withXid)
+	if err != nil {
+		return "", fmt.Errorf("gormstore: outbox add: %w", err)
+	}
+	if err := o.assign(msgs, rows); err != nil {
+		return "", err
+	}
+	return rows[0].Xid, nil
+}
+
+// insertArgs are the INSERT's arguments for msgs.
+func (o *Outbox) insertArgs(msgs []*outbox.Message) ([]any, error) {
 	args := make([]any, 0, len(msgs)*insertParams)
 	for _, m := range msgs {
 		headers := "{}"
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
 			if err != nil {
-				return "", fmt.Errorf("gormstore: outbox add %s: headers: %w", m.MessageID, err)
+				return nil, fmt.Errorf("gormstore: outbox add %s: headers: %w", m.MessageID, err)
 			}
 			headers = string(b)
 		}
@@ -294,13 +316,13 @@ func (o *Outbox) insert(ctx context.Context, tx *gorm.DB, msgs []*outbox.Message
 		}
 		args = append(args, m.MessageID, m.Destination, m.RoutingKey, m.MessageType, m.ContentType, m.CorrelationID, headers, payload, key, o.s.dialect.shift(m.Delay))
 	}
+	return args, nil
+}
 
-	rows, err := o.scanInserted(ctx, tx, stmt, args, len(msgs), withXid)
-	if err != nil {
-		return "", fmt.Errorf("gormstore: outbox add: %w", err)
-	}
+// assign sets what the INSERT returned on msgs.
+func (o *Outbox) assign(msgs []*outbox.Message, rows []insertedRow) error {
 	if len(rows) != len(msgs) {
-		return "", fmt.Errorf("gormstore: outbox add: inserted %d rows, got %d ids back", len(msgs), len(rows))
+		return fmt.Errorf("gormstore: outbox add: inserted %d rows, got %d ids back", len(msgs), len(rows))
 	}
 	// Ids are drawn in VALUES order; sorting makes the pairing independent
 	// of the order RETURNING happens to use.
@@ -315,13 +337,12 @@ func (o *Outbox) insert(ctx context.Context, tx *gorm.DB, msgs []*outbox.Message
 		m.LastError = ""
 		m.DeliveredAt = nil
 	}
-	return rows[0].Xid, nil
+	return nil
 }
 
-// scanInserted runs the INSERT on tx's connection and reads back what it
-// returned.
-func (o *Outbox) scanInserted(ctx context.Context, tx *gorm.DB, stmt string, args []any, n int, withXid bool) ([]insertedRow, error) {
-	rs, err := querySQL(ctx, tx, stmt, args...)
+// scanInserted runs the INSERT on pool and reads back what it returned.
+func (o *Outbox) scanInserted(ctx context.Context, pool gorm.ConnPool, stmt string, args []any, n int, withXid bool) ([]insertedRow, error) {
+	rs, err := pool.QueryContext(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -578,6 +599,13 @@ func (o *Outbox) Cancel(ctx context.Context, messageID string) (int, error) {
 	db := o.s.db
 	if tx, ok := TxFromContext(ctx); ok {
 		db = tx
+		// A message published earlier in this transaction must be there
+		// to be canceled.
+		if d, ok := conn(tx).(*DeferredTx); ok {
+			if err := d.writeKept(ctx); err != nil {
+				return 0, fmt.Errorf("gormstore: outbox cancel %s: %w", messageID, err)
+			}
+		}
 	}
 	res := db.WithContext(ctx).Exec(o.cancelSQL, messageID)
 	if res.Error != nil {

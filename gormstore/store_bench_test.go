@@ -253,3 +253,61 @@ func BenchmarkOutboxAddConcurrent(b *testing.B) {
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tx/s")
 	})
 }
+
+// BenchmarkProducerTx is the producer's transaction of the load tool on
+// PostgreSQL: a business insert and n messages added. "Transaction" is
+// GORM's transaction with each Add inserting at once (BEGIN, insert, n
+// outbox inserts, COMMIT); "Begin" is Outbox.Begin, whose Adds wait for
+// the commit (BEGIN, insert, one batch of the n-row outbox insert and the
+// COMMIT). One op is one transaction.
+func BenchmarkProducerTx(b *testing.B) {
+	benchStores(b, func(b *testing.B, s *gormstore.Store, db *gorm.DB) {
+		if s.Dialect() == gormstore.DialectSQLite {
+			b.Skip("Outbox.Begin needs PostgreSQL with postgresdb.Pipeline")
+		}
+		ctx := context.Background()
+		business := s.TablePrefix() + "bench_business"
+		if err := db.Exec("CREATE TABLE " + business + " (id bigserial PRIMARY KEY, ref text NOT NULL)").Error; err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + business) })
+		var seq atomic.Int64
+		work := func(tx *gorm.DB, n int) error {
+			id := "ptx-" + strconv.FormatInt(seq.Add(1), 10)
+			if err := tx.Exec("INSERT INTO "+business+" (ref) VALUES (?)", id).Error; err != nil {
+				return err
+			}
+			for j := range n {
+				if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{benchMessage(id + "-" + strconv.Itoa(j))}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for _, n := range []int{1, 4} {
+			b.Run(fmt.Sprintf("Transaction/%d", n), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := db.Transaction(func(tx *gorm.DB) error { return work(tx, n) }); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run(fmt.Sprintf("Begin/%d", n), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					tx, err := s.Outbox().Begin(ctx, db)
+					if err != nil || tx == nil {
+						b.Fatalf("Begin: %v, %v", tx, err)
+					}
+					if err := work(tx, n); err != nil {
+						b.Fatal(err)
+					}
+					if err := gormstore.DeferredOf(tx).CommitContext(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	})
+}

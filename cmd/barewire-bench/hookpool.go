@@ -12,6 +12,8 @@ import (
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/barewire-go/barewire/gormstore/postgresdb"
 )
 
 // hookPool is a GORM connection pool whose transactions run callbacks right
@@ -84,6 +86,12 @@ func openHookedPostgres(dsn string, maxConns int, lg logger.Interface) (*gorm.DB
 	}
 	db, err := gorm.Open(postgres.New(postgres.Config{Conn: hookPool{sqlDB}}), &gorm.Config{Logger: lg})
 	if err != nil {
+		_ = sqlDB.Close()
+		return nil, err
+	}
+	// As postgresdb.Open: bus.Transaction sends the outbox rows with its
+	// COMMIT (its transactions then bypass hookPool.BeginTx).
+	if err := db.Use(postgresdb.Pipeline()); err != nil {
 		_ = sqlDB.Close()
 		return nil, err
 	}

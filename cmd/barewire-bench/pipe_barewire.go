@@ -13,6 +13,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/pgtransport"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
@@ -217,6 +218,7 @@ func (p *barewirePipe) consume(ctx context.Context, c *endpoint.Context[benchMsg
 
 func (p *barewirePipe) Produce(ctx context.Context, id string, m benchMsg) error {
 	h := p.orderingKey(id, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: p.typ})
+	hooked := false
 	fn := func(tx *gorm.DB) error {
 		if err := tx.Exec("INSERT INTO "+p.orders+" (message_id, amount) VALUES (?, ?)", id, m.Amount).Error; err != nil {
 			return err
@@ -225,7 +227,8 @@ func (p *barewirePipe) Produce(ctx context.Context, id string, m benchMsg) error
 		if err := p.b.PublishTx(ctx, tx, m, h); err != nil {
 			return err
 		}
-		if !afterCommit(tx, func(at time.Time) { p.tr.committed(id, at) }) {
+		hooked = afterCommit(tx, func(at time.Time) { p.tr.committed(id, at) })
+		if !hooked && gormstore.DeferredOf(tx) == nil {
 			return fmt.Errorf("transaction is not hooked")
 		}
 		return nil
@@ -233,7 +236,14 @@ func (p *barewirePipe) Produce(ctx context.Context, id string, m benchMsg) error
 	if p.plainTx {
 		return p.db.WithContext(ctx).Transaction(fn)
 	}
-	return p.b.Transaction(ctx, fn)
+	err := p.b.Transaction(ctx, fn)
+	if err == nil && !hooked {
+		// b.Transaction's pipelined commit (postgresdb.Pipeline) runs on a
+		// connection of the *sql.DB, not a hookTx: the commit returned
+		// just now.
+		p.tr.committed(id, time.Now())
+	}
+	return err
 }
 
 func (p *barewirePipe) Verify(ctx context.Context) (int64, int64, error) {

@@ -148,9 +148,20 @@ func (p *producer) publishIn(ctx context.Context, tx *gorm.DB, o workload.Order)
 	return p.b.PublishTx(ctx, tx, o, p.headers(o))
 }
 
+// inTx runs fn in a transaction: every other order in b.Transaction (on
+// PostgreSQL the outbox row goes in with the COMMIT), the others in a GORM
+// transaction of the service's own (the row is written by PublishTx), so
+// that the faults hit both write paths.
+func (p *producer) inTx(ctx context.Context, o workload.Order, fn func(tx *gorm.DB) error) error {
+	if o.Seq%2 == 0 {
+		return p.b.Transaction(ctx, fn)
+	}
+	return p.db.WithContext(ctx).Transaction(fn)
+}
+
 func (p *producer) commit(ctx context.Context) error {
 	o := p.next()
-	if err := p.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return p.publishIn(ctx, tx, o) }); err != nil {
+	if err := p.inTx(ctx, o, func(tx *gorm.DB) error { return p.publishIn(ctx, tx, o) }); err != nil {
 		return err
 	}
 	p.committed.Add(1)
@@ -162,7 +173,7 @@ func (p *producer) commit(ctx context.Context) error {
 
 func (p *producer) rollback(ctx context.Context) error {
 	o := p.next()
-	err := p.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := p.inTx(ctx, o, func(tx *gorm.DB) error {
 		if err := p.publishIn(ctx, tx, o); err != nil {
 			return err
 		}

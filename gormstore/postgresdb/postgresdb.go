@@ -8,18 +8,24 @@
 package postgresdb
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/barewire-go/barewire/gormstore"
 )
 
 // Open opens a PostgreSQL database from a DSN such as
 // "host=127.0.0.1 user=app dbname=app sslmode=disable" or a postgres://
 // URL, with GORM's logger silent and a pool of at most 20 connections (the
-// outbox's Listen holds one for as long as it runs). It pings the server.
+// outbox's Listen holds one for as long as it runs), and the Pipeline plugin
+// registered. It pings the server.
 func Open(dsn string) (*gorm.DB, error) {
 	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 	if err != nil {
@@ -36,6 +42,10 @@ func Open(dsn string) (*gorm.DB, error) {
 	// server-side settings changes.
 	sqlDB.SetConnMaxLifetime(30 * time.Minute)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	if err := db.Use(Pipeline()); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("postgresdb: open: %w", err)
+	}
 	return db, nil
 }
 
@@ -49,4 +59,75 @@ func closeQuietly(db *gorm.DB) {
 	if sqlDB, err := db.DB(); err == nil {
 		_ = sqlDB.Close()
 	}
+}
+
+// Pipeline is the GORM plugin that lets bus.Transaction send the
+// transaction's outbox rows with its COMMIT in one round trip (see
+// gormstore.Outbox.Begin): the transaction then costs BEGIN, the caller's
+// statements and one more round trip, however many messages it publishes.
+// Open registers it; register it on a *gorm.DB opened otherwise with
+// db.Use(postgresdb.Pipeline()). With it, bus.Transaction begins its
+// transactions on a connection of the *sql.DB under the database's pool,
+// not through a custom gorm.ConnPool's BeginTx.
+func Pipeline() gorm.Plugin { return pipeline{} }
+
+type pipeline struct{}
+
+var _ gormstore.CommitPipeliner = pipeline{}
+
+func (pipeline) Name() string                 { return gormstore.PipelinePlugin }
+func (pipeline) Initialize(db *gorm.DB) error { return nil }
+
+// pgxConn is what pgx's database/sql driver connection offers.
+type pgxConn interface{ Conn() *pgx.Conn }
+
+func (pipeline) Supports(dc any) bool {
+	_, ok := dc.(pgxConn)
+	return ok
+}
+
+// CommitWith sends query and COMMIT as one pgx batch: one write, one Sync.
+// A failed query makes PostgreSQL skip the COMMIT.
+func (pipeline) CommitWith(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
+	c, ok := dc.(pgxConn)
+	if !ok {
+		return errors.New("postgresdb: not a pgx connection")
+	}
+	b := &pgx.Batch{}
+	if query != "" {
+		b.Queue(query, args...)
+	}
+	b.Queue("COMMIT")
+	br := c.Conn().SendBatch(ctx, b)
+	err := func() error {
+		if query != "" {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				if err := rows.Scan(dest()...); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		if tag.String() != "COMMIT" {
+			// COMMIT of a failed transaction answers ROLLBACK.
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

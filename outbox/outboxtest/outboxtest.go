@@ -24,7 +24,17 @@ type InTx = func(ctx context.Context, fn func(ctx context.Context) error) error
 type Option func(*config)
 
 type config struct {
-	serial bool
+	serial      bool
+	idsAtCommit bool
+}
+
+// IDsAtCommit tells the suite that Add in the transactions inTx runs keeps
+// the rows until the commit and inserts them with it (gormstore's
+// Outbox.Begin): ids are drawn at commit, so an open transaction cannot
+// hold a lower id than a later one that commits first, and the
+// out-of-order-commit case, which needs one, is skipped.
+func IDsAtCommit() Option {
+	return func(c *config) { c.idsAtCommit = true }
 }
 
 // SerialTransactions tells the suite that the store's database runs one
@@ -87,6 +97,9 @@ func Run(t *testing.T, newStore func(t *testing.T) (outbox.Store, InTx), opts ..
 		t.Run(c.name, func(t *testing.T) {
 			if c.concurrent && cfg.serial {
 				t.Skip("the store runs one transaction at a time (SerialTransactions)")
+			}
+			if c.name == "OutOfOrderCommit" && cfg.idsAtCommit {
+				t.Skip("ids are drawn at commit (IDsAtCommit)")
 			}
 			s, inTx := newStore(t)
 			c.fn(t, s, inTx)
