@@ -58,6 +58,7 @@ func migratedForBench(b *testing.B, db *gorm.DB, prefix string) *gormstore.Store
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = s.Close() }) // before the database closes: cleanups run last-in first-out
 	if err := s.Migrate(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -65,11 +66,7 @@ func migratedForBench(b *testing.B, db *gorm.DB, prefix string) *gormstore.Store
 }
 
 func closeBenchDB(b *testing.B, db *gorm.DB) {
-	sqlDB, err := db.DB()
-	if err == nil {
-		err = sqlDB.Close()
-	}
-	if err != nil {
+	if err := gormstore.Close(db); err != nil { // with an in-memory database's anchor
 		b.Error(err)
 	}
 }
