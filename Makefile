@@ -14,11 +14,12 @@ all: lint test
 ## TestPoisonWatermill: about 7 minutes for the three, without the PostgreSQL restart).
 ## TestReliabilityCluster is left out until the quorum-queue loss it found is fixed
 ## (docs/guarantees.md, known defects); run it with `make reliability TRANSPORT=cluster`.
-## The wmamqp conformance suite and its publisher's connection-cut test run once more
-## without -race: they are skipped under -race, as watermill-amqp v3.0.2's reconnect races.
+## The wmamqp conformance suite and its publisher's connection-cut test, and the wmnats
+## conformance suite, run once more without -race: they are skipped under -race, as
+## watermill-amqp v3.0.2's reconnect and watermill-nats v2.1.3's unsubscribe race.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	$(GO) test -count=1 -timeout 2m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts)$$' ./transport/wmpubsub/wmamqp/
+	$(GO) test -count=1 -timeout 3m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts)$$' ./transport/wmpubsub/wmamqp/ ./transport/wmpubsub/wmnats/
 	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 

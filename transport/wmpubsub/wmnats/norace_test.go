@@ -1,0 +1,5 @@
+//go:build !race
+
+package wmnats_test
+
+const raceEnabled = false
