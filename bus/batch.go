@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/barewire-go/barewire/endpoint"
@@ -250,6 +251,14 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 			return
 		}
 		errs := bt.store.ProcessBatch(ctx, bt.ep.Name(), items, time.Now().Add(bt.ep.Batch.MaxDuration))
+		// A statement of the batch's own failed (a StoreError): its
+		// transaction, and the release of its locks with it, may have
+		// failed with the database. Otherwise the failed items' locks
+		// were released with the commit.
+		failedTx := slices.ContainsFunc(errs, func(err error) bool {
+			var se *inbox.StoreError
+			return errors.As(err, &se)
+		})
 		var nextJobs []*batchJob
 		var nextItems []inbox.BatchItem
 		for i, j := range jobs {
@@ -258,11 +267,9 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 				continue
 			}
 			j.err = errs[i]
-			if j.err != nil && !errors.Is(j.err, inbox.ErrLockLost) {
-				// If the batch's transaction failed with the database,
-				// its release of the locks failed too: the delivery's
-				// next attempt releases this one first (a no-op when it
-				// was released).
+			if failedTx && j.err != nil && !errors.Is(j.err, inbox.ErrLockLost) {
+				// The delivery's next attempt releases this lock first
+				// (a no-op when the release did not fail).
 				keepLock(j.ctx, items[i].Token)
 			}
 			var se *inbox.StoreError
