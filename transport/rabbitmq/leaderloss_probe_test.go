@@ -605,7 +605,8 @@ func (c *probeCluster) startConsumers(names []string, nodes []int, got func(q in
 // transport starts a Transport connected to node n, failing over to node
 // then (none when 0).
 func (c *probeCluster) transport(n, then int, mandatory bool) *Transport {
-	cfg := &Config{Mandatory: mandatory, ReconnectMaxInterval: time.Second, ConnectTimeout: 10 * time.Second, PublishTimeout: 20 * time.Second}
+	cfg := &Config{Mandatory: mandatory, ReconnectMaxInterval: time.Second, ConnectTimeout: 10 * time.Second, PublishTimeout: 20 * time.Second,
+		SuspectWindow: time.Duration(envInt("BAREWIRE_CLUSTER_PROBE_WINDOW_MS", 0)) * time.Millisecond}
 	if then > 0 {
 		cfg.URLs = []string{c.urls[then-1]}
 	}
@@ -622,47 +623,81 @@ func (c *probeCluster) transport(n, then int, mandatory bool) *Transport {
 }
 
 // deliverLoop publishes batches through tr.Deliver until stop, recording
-// what the transport reports for each message.
+// what the transport reports for each message. Like the outbox relay, it
+// asks for *outbox.RetryAfterError (the suspect window) and sends such a
+// message again once its After has passed, also after stop, until every
+// one was confirmed outside a window: a message counts as acked only when
+// Deliver returned nil for it.
 func (c *probeCluster) deliverLoop(tr *Transport, names []string, sfx string, stop chan struct{}, started chan struct{}, mu *sync.Mutex, all *[]*probeMsg, byID map[string]*probeMsg) {
 	every := time.Duration(envInt("BAREWIRE_CLUSTER_PROBE_EVERY_US", 2000)) * time.Microsecond
 	tick := time.NewTicker(every * 20)
 	defer tick.Stop()
-	first := true
+	type retry struct {
+		m   *probeMsg
+		msg *outbox.Message
+		at  time.Time
+	}
+	var later []retry
+	deferred, resent := 0, 0
+	defer func() {
+		c.t.Logf("deliver loop: %d publishes not trusted (suspect window), %d sends again", deferred, resent)
+	}()
+	first, stopped := true, false
 	for k := 0; ; {
+		if stopped && len(later) == 0 {
+			return
+		}
 		select {
 		case <-stop:
-			return
+			stop, stopped = nil, true
+			continue
 		case <-tick.C:
 		}
 		var batch []*outbox.Message
 		var ms []*probeMsg
-		for range 20 {
+		now := time.Now()
+		keep := later[:0]
+		for _, r := range later {
+			if now.Before(r.at) || len(batch) == 20 {
+				keep = append(keep, r)
+				continue
+			}
+			batch, ms = append(batch, r.msg), append(ms, r.m)
+			resent++
+		}
+		later = keep
+		for len(batch) < 20 && !stopped {
 			q := k % len(names)
 			m := &probeMsg{id: fmt.Sprintf("%s-%d-%d", sfx, q, k), queue: q, mandatory: tr.cfg.Mandatory, sent: time.Now()}
 			k++
+			mu.Lock()
+			*all = append(*all, m)
+			byID[m.id] = m
+			mu.Unlock()
 			ms = append(ms, m)
 			batch = append(batch, &outbox.Message{MessageID: m.id, Destination: "exchange:" + names[q], Payload: []byte(m.id)})
 		}
-		mu.Lock()
-		for _, m := range ms {
-			*all = append(*all, m)
-			byID[m.id] = m
+		if len(batch) == 0 {
+			continue
 		}
-		mu.Unlock()
 		if first {
 			first = false
 			started <- struct{}{}
 		}
-		errs := tr.Deliver(context.Background(), batch)
-		now := time.Now()
+		errs := tr.Deliver(outbox.WithRetryAfter(context.Background()), batch)
+		now = time.Now()
 		mu.Lock()
 		for i, err := range errs {
 			m := ms[i]
 			m.confirmed = now
 			var re *ReturnedError
+			var ra *outbox.RetryAfterError
 			switch {
 			case err == nil:
 				m.acked = true
+			case errors.As(err, &ra):
+				deferred++
+				later = append(later, retry{m: m, msg: batch[i], at: now.Add(ra.After)})
 			case errors.As(err, &re):
 				m.returned = fmt.Sprintf("%d %s", re.Code, re.Text)
 			default:
