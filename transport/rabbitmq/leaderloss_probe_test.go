@@ -112,12 +112,19 @@ type probeMsg struct {
 	inQueue   int
 	// afterNack: its channel had nacked a publish before this confirm.
 	afterNack bool
+	// deferred counts the confirms the transport did not trust (the
+	// suspect window): each was an ack, and the message was sent again.
+	deferred int
 }
 
 type probeResult struct {
 	published, acked, nacked, unconfirmed, returned int
 	lost, lostReturned, lostMandatory               int // acked, not in the queue
 	lostAfterNack, ackedAfterNack                   int
+	// deferred: messages the transport sent again after an untrusted
+	// ack; caught: of them, those with fewer copies in the queue than
+	// acked sends, so that an untrusted ack was a lie the window caught.
+	deferred, caught int
 	extra, doubled                                  int // in a queue unacked / twice
 	lostQueues                                      int
 	lostAfterKill                                   []time.Duration
@@ -134,6 +141,8 @@ func (r *probeResult) add(o probeResult) {
 	r.lostReturned += o.lostReturned
 	r.lostMandatory += o.lostMandatory
 	r.lostAfterNack += o.lostAfterNack
+	r.deferred += o.deferred
+	r.caught += o.caught
 	r.ackedAfterNack += o.ackedAfterNack
 	r.extra += o.extra
 	r.doubled += o.doubled
@@ -144,6 +153,9 @@ func (r *probeResult) add(o probeResult) {
 func (r *probeResult) String() string {
 	s := fmt.Sprintf("published %d, acked %d, nacked %d, unconfirmed %d, returned %d; LOST (acked, not in queue) %d in %d queues (of them mandatory %d, returned %d, acked after a nack on their channel %d of %d such acks); in queue but not acked %d, twice %d",
 		r.published, r.acked, r.nacked, r.unconfirmed, r.returned, r.lost, r.lostQueues, r.lostMandatory, r.lostReturned, r.lostAfterNack, r.ackedAfterNack, r.extra, r.doubled)
+	if r.deferred > 0 {
+		s += fmt.Sprintf("; suspect window: %d messages sent again after an untrusted ack, %d of them with an ack the queue never held (caught)", r.deferred, r.caught)
+	}
 	if len(r.lostAfterKill) > 0 {
 		sort.Slice(r.lostAfterKill, func(i, j int) bool { return r.lostAfterKill[i] < r.lostAfterKill[j] })
 		s += fmt.Sprintf("; lost ones confirmed %v..%v after the kill", r.lostAfterKill[0].Round(time.Millisecond), r.lostAfterKill[len(r.lostAfterKill)-1].Round(time.Millisecond))
@@ -491,6 +503,14 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 		if m.returned != "" {
 			res.returned++
 		}
+		if m.deferred > 0 {
+			res.deferred++
+			// Every Deliver that returned nil or a RetryAfterError for
+			// it had an ack for its last send: at least deferred+1 acks.
+			if m.acked && m.inQueue < m.deferred+1 {
+				res.caught++
+			}
+		}
 		if m.acked && m.inQueue == 0 {
 			res.lost++
 			lostQ[m.queue] = true
@@ -697,6 +717,7 @@ func (c *probeCluster) deliverLoop(tr *Transport, names []string, sfx string, st
 				m.acked = true
 			case errors.As(err, &ra):
 				deferred++
+				m.deferred++
 				later = append(later, retry{m: m, msg: batch[i], at: now.Add(ra.After)})
 			case errors.As(err, &re):
 				m.returned = fmt.Sprintf("%d %s", re.Code, re.Text)

@@ -211,7 +211,7 @@ func (p *publisher) onConfirm(c amqp.Confirmation) {
 		p.nacked = true
 	}
 	p.pmu.Unlock()
-	if !c.Ack {
+	if !c.Ack && p.t != nil {
 		p.t.suspect("nack")
 	}
 	switch {
