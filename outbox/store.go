@@ -117,8 +117,9 @@ type Stats struct {
 	// included.
 	Pending int64
 	// Scheduled counts the pending rows not yet due that never failed
-	// (scheduled messages, delayed redeliveries); a failed row waiting for
-	// its retry is not one.
+	// (scheduled messages, delayed redeliveries, and rows waiting out a
+	// *RetryAfterError, for seconds); a failed row waiting for its retry
+	// is not one.
 	Scheduled int64
 	Parked    int64
 	Delivered int64
