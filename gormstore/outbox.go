@@ -29,6 +29,7 @@ type Outbox struct {
 	markSQL         string
 	deleteSQL       string
 	releaseSQL      string
+	releaseLaterSQL string // uncounted, claimable again after a delay
 	releaseCountSQL string
 	requeueSQL      string
 	cleanupSQL      string
@@ -173,6 +174,7 @@ LIMIT ?)`)
 WHERE ` + leased)
 	o.deleteSQL = s.query(`DELETE FROM {outbox} WHERE ` + leased)
 	o.releaseSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL WHERE ` + leased)
+	o.releaseLaterSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL, available_at = {now+?} WHERE ` + leased)
 	// SET expressions see the row's old values, so attempts + 1 is the new
 	// count in both the CASE and the assignment.
 	o.releaseCountSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL,
@@ -463,6 +465,11 @@ func (o *Outbox) Release(ctx context.Context, owner string, ids []int64, lastErr
 		after := o.s.dialect.shift(max(retryAfter, 0))
 		do = func(tx *gorm.DB, part []int64) *gorm.DB {
 			return tx.Exec(o.releaseCountSQL, lastErr, after, maxAttempts, maxAttempts, part, owner)
+		}
+	} else if retryAfter > 0 {
+		after := o.s.dialect.shift(retryAfter)
+		do = func(tx *gorm.DB, part []int64) *gorm.DB {
+			return tx.Exec(o.releaseLaterSQL, after, part, owner)
 		}
 	} else {
 		do = func(tx *gorm.DB, part []int64) *gorm.DB {

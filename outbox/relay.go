@@ -201,11 +201,12 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	errs := r.Transport.Deliver(ctx, msgs)
+	errs := r.Transport.Deliver(WithRetryAfter(ctx), msgs)
 	if len(errs) != len(msgs) {
 		return len(msgs), fmt.Errorf("outbox: transport returned %d results for %d messages", len(errs), len(msgs))
 	}
-	var ok, down []int64
+	var ok, down, later []int64
+	var laterAfter time.Duration
 	var delivered []*Message
 	type failure struct {
 		id     int64
@@ -214,10 +215,17 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	}
 	var failed []failure
 	for i, m := range msgs {
+		var ra *RetryAfterError
 		switch e := errs[i]; {
 		case e == nil:
 			ok = append(ok, m.ID)
 			delivered = append(delivered, m)
+		case errors.As(e, &ra) && ctx.Err() == nil:
+			// Published, but the confirm is not trusted yet: the row stays
+			// pending (not marked delivered: a crash now loses nothing)
+			// and is sent again once the transport trusts its confirms.
+			later = append(later, m.ID)
+			laterAfter = max(laterAfter, ra.After)
 		case errors.Is(e, ErrTransportUnavailable) || ctx.Err() != nil:
 			down = append(down, m.ID)
 		case errors.Is(e, ErrUndeliverable):
@@ -248,6 +256,13 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 			"attempt", m.Attempts+1, "max_attempts", f.parkAt, "error", f.err)
 		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, f.parkAt); err != nil {
 			settleErr = errors.Join(settleErr, fmt.Errorf("release failed row: %w", err))
+		}
+	}
+	if len(later) > 0 {
+		r.Logger.DebugContext(ctx, "outbox: confirms not trusted yet; sending again later",
+			"messages", len(later), "retry_in", laterAfter)
+		if err := r.Store.Release(sctx, r.Owner, later, "", false, laterAfter, r.MaxAttempts); err != nil {
+			settleErr = errors.Join(settleErr, fmt.Errorf("release for a later send: %w", err))
 		}
 	}
 	if len(down) > 0 {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -73,7 +74,10 @@ type Store interface {
 	// Release returns rows leased by owner to pending. When countAttempt is
 	// true each row's attempt count grows by one, lastErr is recorded, the
 	// row becomes claimable again only after retryAfter, and rows that have
-	// reached maxAttempts are parked instead.
+	// reached maxAttempts are parked instead. When countAttempt is false,
+	// lastErr and maxAttempts are ignored and a positive retryAfter still
+	// holds the row back that long (a *RetryAfterError); zero makes it
+	// claimable at once.
 	Release(ctx context.Context, owner string, ids []int64, lastErr string, countAttempt bool, retryAfter time.Duration, maxAttempts int) error
 	// Requeue moves parked rows back to pending with their attempts reset.
 	// With no ids, every parked row is re-queued. It returns how many moved.
@@ -113,8 +117,9 @@ type Stats struct {
 	// included.
 	Pending int64
 	// Scheduled counts the pending rows not yet due that never failed
-	// (scheduled messages, delayed redeliveries); a failed row waiting for
-	// its retry is not one.
+	// (scheduled messages, delayed redeliveries, and rows waiting out a
+	// *RetryAfterError, for seconds); a failed row waiting for its retry
+	// is not one.
 	Scheduled int64
 	Parked    int64
 	Delivered int64
@@ -149,8 +154,10 @@ type Transport interface {
 	// means the broker confirmed it. Implementations pipeline confirms. An
 	// error wrapping ErrTransportUnavailable means the message was not
 	// judged by the broker (connection down); it does not count as an attempt.
-	// An error wrapping ErrUndeliverable parks the row at once. Any other
-	// error is charged to that message alone (an attempt).
+	// An error wrapping ErrUndeliverable parks the row at once. A
+	// *RetryAfterError (only when ctx was marked by WithRetryAfter) sends
+	// the message again after its After, without counting an attempt. Any
+	// other error is charged to that message alone (an attempt).
 	Deliver(ctx context.Context, msgs []*Message) []error
 }
 
@@ -162,3 +169,43 @@ var ErrTransportUnavailable = errors.New("outbox: transport unavailable")
 // never send as it is (a 300-byte correlation id written by raw SQL, say):
 // the relay parks its row at once instead of retrying it MaxAttempts times.
 var ErrUndeliverable = errors.New("outbox: message cannot be delivered as it is")
+
+// RetryAfterError is a delivery result that is neither a success nor a
+// failure of the message: the transport published it, but cannot trust the
+// broker's confirm yet (the RabbitMQ transport's suspect window after a
+// failover, see docs/guarantees.md) and must send it again once After has
+// passed. Err wraps ErrTransportUnavailable, so a caller that does not know
+// this type treats the message as not delivered and retries it without
+// counting an attempt.
+//
+// A transport returns it only when the caller asked for it with
+// WithRetryAfter (the relay does: it releases the row without counting an
+// attempt, claimable again after After, and the row is marked delivered
+// only when a later delivery is trusted). Without it the transport waits
+// and sends the message again itself before Deliver returns.
+type RetryAfterError struct {
+	// After is how long to wait before sending the message again.
+	After time.Duration
+	Err   error
+}
+
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("%v (send again in %v)", e.Err, e.After.Round(time.Millisecond))
+}
+
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+type retryAfterKey struct{}
+
+// WithRetryAfter returns ctx marked to tell Transport.Deliver that its
+// caller handles *RetryAfterError results (by sending those messages again
+// after their After). The relay marks the context of every Deliver.
+func WithRetryAfter(ctx context.Context) context.Context {
+	return context.WithValue(ctx, retryAfterKey{}, true)
+}
+
+// RetryAfterAllowed reports whether ctx was marked by WithRetryAfter.
+func RetryAfterAllowed(ctx context.Context) bool {
+	ok, _ := ctx.Value(retryAfterKey{}).(bool)
+	return ok
+}

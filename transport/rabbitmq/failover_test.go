@@ -58,7 +58,11 @@ func TestFailoverToNextAddress(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for { // the proxies listen within moments
 		var err error
-		tr, err = open(urlA, &Config{URLs: []string{urlB}, ConnectTimeout: 5 * time.Second, ReconnectMaxInterval: time.Second}, testLogger(t))
+		// A short suspect window: send waits it out after the start and
+		// the failover (Deliver without the relay), and this test times
+		// the failover, not the window (TestSuspectWindow* test that).
+		tr, err = open(urlA, &Config{URLs: []string{urlB}, ConnectTimeout: 5 * time.Second, ReconnectMaxInterval: time.Second,
+			SuspectWindow: 300 * time.Millisecond}, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -112,12 +112,19 @@ type probeMsg struct {
 	inQueue   int
 	// afterNack: its channel had nacked a publish before this confirm.
 	afterNack bool
+	// deferred counts the confirms the transport did not trust (the
+	// suspect window): each was an ack, and the message was sent again.
+	deferred int
 }
 
 type probeResult struct {
 	published, acked, nacked, unconfirmed, returned int
 	lost, lostReturned, lostMandatory               int // acked, not in the queue
 	lostAfterNack, ackedAfterNack                   int
+	// deferred: messages the transport sent again after an untrusted
+	// ack; caught: of them, those with fewer copies in the queue than
+	// acked sends, so that an untrusted ack was a lie the window caught.
+	deferred, caught int
 	extra, doubled                                  int // in a queue unacked / twice
 	lostQueues                                      int
 	lostAfterKill                                   []time.Duration
@@ -134,6 +141,8 @@ func (r *probeResult) add(o probeResult) {
 	r.lostReturned += o.lostReturned
 	r.lostMandatory += o.lostMandatory
 	r.lostAfterNack += o.lostAfterNack
+	r.deferred += o.deferred
+	r.caught += o.caught
 	r.ackedAfterNack += o.ackedAfterNack
 	r.extra += o.extra
 	r.doubled += o.doubled
@@ -144,6 +153,9 @@ func (r *probeResult) add(o probeResult) {
 func (r *probeResult) String() string {
 	s := fmt.Sprintf("published %d, acked %d, nacked %d, unconfirmed %d, returned %d; LOST (acked, not in queue) %d in %d queues (of them mandatory %d, returned %d, acked after a nack on their channel %d of %d such acks); in queue but not acked %d, twice %d",
 		r.published, r.acked, r.nacked, r.unconfirmed, r.returned, r.lost, r.lostQueues, r.lostMandatory, r.lostReturned, r.lostAfterNack, r.ackedAfterNack, r.extra, r.doubled)
+	if r.deferred > 0 {
+		s += fmt.Sprintf("; suspect window: %d messages sent again after an untrusted ack, %d of them with an ack the queue never held (caught)", r.deferred, r.caught)
+	}
 	if len(r.lostAfterKill) > 0 {
 		sort.Slice(r.lostAfterKill, func(i, j int) bool { return r.lostAfterKill[i] < r.lostAfterKill[j] })
 		s += fmt.Sprintf("; lost ones confirmed %v..%v after the kill", r.lostAfterKill[0].Round(time.Millisecond), r.lostAfterKill[len(r.lostAfterKill)-1].Round(time.Millisecond))
@@ -491,6 +503,14 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 		if m.returned != "" {
 			res.returned++
 		}
+		if m.deferred > 0 {
+			res.deferred++
+			// Every Deliver that returned nil or a RetryAfterError for
+			// it had an ack for its last send: at least deferred+1 acks.
+			if m.acked && m.inQueue < m.deferred+1 {
+				res.caught++
+			}
+		}
 		if m.acked && m.inQueue == 0 {
 			res.lost++
 			lostQ[m.queue] = true
@@ -605,7 +625,8 @@ func (c *probeCluster) startConsumers(names []string, nodes []int, got func(q in
 // transport starts a Transport connected to node n, failing over to node
 // then (none when 0).
 func (c *probeCluster) transport(n, then int, mandatory bool) *Transport {
-	cfg := &Config{Mandatory: mandatory, ReconnectMaxInterval: time.Second, ConnectTimeout: 10 * time.Second, PublishTimeout: 20 * time.Second}
+	cfg := &Config{Mandatory: mandatory, ReconnectMaxInterval: time.Second, ConnectTimeout: 10 * time.Second, PublishTimeout: 20 * time.Second,
+		SuspectWindow: time.Duration(envInt("BAREWIRE_CLUSTER_PROBE_WINDOW_MS", 0)) * time.Millisecond}
 	if then > 0 {
 		cfg.URLs = []string{c.urls[then-1]}
 	}
@@ -622,47 +643,82 @@ func (c *probeCluster) transport(n, then int, mandatory bool) *Transport {
 }
 
 // deliverLoop publishes batches through tr.Deliver until stop, recording
-// what the transport reports for each message.
+// what the transport reports for each message. Like the outbox relay, it
+// asks for *outbox.RetryAfterError (the suspect window) and sends such a
+// message again once its After has passed, also after stop, until every
+// one was confirmed outside a window: a message counts as acked only when
+// Deliver returned nil for it.
 func (c *probeCluster) deliverLoop(tr *Transport, names []string, sfx string, stop chan struct{}, started chan struct{}, mu *sync.Mutex, all *[]*probeMsg, byID map[string]*probeMsg) {
 	every := time.Duration(envInt("BAREWIRE_CLUSTER_PROBE_EVERY_US", 2000)) * time.Microsecond
 	tick := time.NewTicker(every * 20)
 	defer tick.Stop()
-	first := true
+	type retry struct {
+		m   *probeMsg
+		msg *outbox.Message
+		at  time.Time
+	}
+	var later []retry
+	deferred, resent := 0, 0
+	defer func() {
+		c.t.Logf("deliver loop: %d publishes not trusted (suspect window), %d sends again", deferred, resent)
+	}()
+	first, stopped := true, false
 	for k := 0; ; {
+		if stopped && len(later) == 0 {
+			return
+		}
 		select {
 		case <-stop:
-			return
+			stop, stopped = nil, true
+			continue
 		case <-tick.C:
 		}
 		var batch []*outbox.Message
 		var ms []*probeMsg
-		for range 20 {
+		now := time.Now()
+		keep := later[:0]
+		for _, r := range later {
+			if now.Before(r.at) || len(batch) == 20 {
+				keep = append(keep, r)
+				continue
+			}
+			batch, ms = append(batch, r.msg), append(ms, r.m)
+			resent++
+		}
+		later = keep
+		for len(batch) < 20 && !stopped {
 			q := k % len(names)
 			m := &probeMsg{id: fmt.Sprintf("%s-%d-%d", sfx, q, k), queue: q, mandatory: tr.cfg.Mandatory, sent: time.Now()}
 			k++
+			mu.Lock()
+			*all = append(*all, m)
+			byID[m.id] = m
+			mu.Unlock()
 			ms = append(ms, m)
 			batch = append(batch, &outbox.Message{MessageID: m.id, Destination: "exchange:" + names[q], Payload: []byte(m.id)})
 		}
-		mu.Lock()
-		for _, m := range ms {
-			*all = append(*all, m)
-			byID[m.id] = m
+		if len(batch) == 0 {
+			continue
 		}
-		mu.Unlock()
 		if first {
 			first = false
 			started <- struct{}{}
 		}
-		errs := tr.Deliver(context.Background(), batch)
-		now := time.Now()
+		errs := tr.Deliver(outbox.WithRetryAfter(context.Background()), batch)
+		now = time.Now()
 		mu.Lock()
 		for i, err := range errs {
 			m := ms[i]
 			m.confirmed = now
 			var re *ReturnedError
+			var ra *outbox.RetryAfterError
 			switch {
 			case err == nil:
 				m.acked = true
+			case errors.As(err, &ra):
+				deferred++
+				m.deferred++
+				later = append(later, retry{m: m, msg: batch[i], at: now.Add(ra.After)})
 			case errors.As(err, &re):
 				m.returned = fmt.Sprintf("%d %s", re.Code, re.Text)
 			default:

@@ -75,6 +75,12 @@ func (t *Transport) getPublisher() (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.pubOpened {
+		// A channel replaced (after a nack, a close or a reconnect): its
+		// first publishes may meet a quorum queue without a leader.
+		t.suspect("publish channel reopened")
+	}
+	t.pubOpened = true
 	p.users++
 	t.pub = p
 	return p, nil
@@ -113,6 +119,7 @@ func (t *Transport) releasePublisher(p *publisher) {
 			t.pub = nil
 		}
 		t.log.Debug("rabbitmq publish channel retired after a nack")
+		t.suspect("publish channel retired")
 	}
 	closeIt := p.retired && p.users == 0
 	t.pubMu.Unlock()
@@ -204,6 +211,9 @@ func (p *publisher) onConfirm(c amqp.Confirmation) {
 		p.nacked = true
 	}
 	p.pmu.Unlock()
+	if !c.Ack && p.t != nil {
+		p.t.suspect("nack")
+	}
 	switch {
 	case !c.Ack:
 		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
@@ -272,6 +282,7 @@ func (p *publisher) fail(reason error) {
 	close(p.done)
 
 	t := p.t
+	t.suspect("publish channel closed")
 	t.pubMu.Lock()
 	if t.pub == p {
 		t.pub = nil
@@ -353,6 +364,7 @@ type job struct {
 	mandatory bool
 	pub       amqp.Publishing
 	wait      *pending
+	sent      time.Time // when it was last published (the suspect window)
 }
 
 // Deliver publishes msgs on the confirm-mode channel, all of them before
@@ -377,17 +389,32 @@ func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message
 }
 
 func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandatory bool) []error {
+	errs, jobs := t.deliverOnce(ctx, msgs, mandatory)
+	if t.cfg.SuspectWindow > 0 && t.lastSignal.Load() != 0 && len(jobs) > 0 {
+		idx := make([]int, len(msgs))
+		for i := range idx {
+			idx[i] = i
+		}
+		t.resendSuspects(ctx, msgs, mandatory, errs, jobs, idx)
+	}
+	return errs
+}
+
+// deliverOnce publishes msgs and waits for their confirms (a nacked one
+// sent once more, a refused channel's messages isolated); it returns one
+// error per message and the jobs it published.
+func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, mandatory bool) ([]error, []*job) {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
-		return errs
+		return errs, nil
 	}
-	failAll := func(err error) []error {
+	failAll := func(err error) ([]error, []*job) {
 		for i := range errs {
 			if errs[i] == nil {
 				errs[i] = err
 			}
 		}
-		return errs
+		return errs, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return failAll(fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, err))
@@ -479,7 +506,7 @@ func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandato
 	if len(again) > 0 {
 		t.isolate(wctx, again, errs)
 	}
-	return errs
+	return errs, jobs
 }
 
 // waitJob waits for the confirm of j, if it was published, and records its
@@ -547,6 +574,7 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 		p.pending[tag] = pp
 		p.pmu.Unlock()
 
+		j.sent = time.Now()
 		dc, err := p.ch.PublishWithDeferredConfirm(j.exchange, j.key, j.mandatory, false, j.pub)
 		if err != nil {
 			if p.take(tag) != nil {

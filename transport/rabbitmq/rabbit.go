@@ -59,12 +59,19 @@ type Transport struct {
 	dialErr   atomic.Pointer[string] // the last failed reconnect attempt, redacted; nil once connected
 	downSince atomic.Int64           // unix nanoseconds when the connection was lost; 0 while connected
 
+	// The suspect window (Config.SuspectWindow): lastSignal is the time of
+	// the latest failure signal, as nanoseconds since epoch plus one (0:
+	// none yet); epoch carries the monotonic clock.
+	epoch      time.Time
+	lastSignal atomic.Int64
+
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
 
 	pubMu     sync.Mutex
 	pub       *publisher
 	pubClosed bool
+	pubOpened bool           // a shared publish channel was opened before
 	pubWG     sync.WaitGroup // publisher confirm handlers
 }
 
@@ -111,6 +118,9 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 		errs = append(errs, err)
 	}
 	c := t.cfg.withDefaults(env.RelayLease)
+	if c.SuspectWindow == 0 && len(addrs.urls) > 1 {
+		c.SuspectWindow = DefaultSuspectWindow
+	}
 	if err := leaseCheck(env.RelayLease, c.PublishTimeout); err != nil {
 		errs = append(errs, err)
 	}
@@ -125,6 +135,8 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 	t.secret = addrs.all
 	t.node.Store(0)
 	t.cfg = c
+	t.epoch = time.Now()
+	t.lastSignal.Store(0)
 	t.log = logger.With(slog.String("transport", "rabbitmq"))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.ready = make(chan struct{})
@@ -502,7 +514,11 @@ func (t *Transport) dial(ctx context.Context, i int) (*amqp.Connection, connNote
 // setUpLocked publishes conn as the current connection. t.mu must be held.
 func (t *Transport) setUpLocked(conn *amqp.Connection) {
 	t.conn = conn
-	t.connects.Add(1)
+	if t.connects.Add(1) > 1 || len(t.addrs.urls) > 1 {
+		// A reconnect, or a cluster's first connection: this process may
+		// have started during an election.
+		t.suspect("connected")
+	}
 	t.blocked.Store(nil)
 	t.dialErr.Store(nil)
 	t.downSince.Store(0)
@@ -516,6 +532,7 @@ func (t *Transport) setUpLocked(conn *amqp.Connection) {
 // setDown forgets the current connection.
 func (t *Transport) setDown() {
 	t.downSince.CompareAndSwap(0, time.Now().UnixNano())
+	t.suspect("connection lost")
 	t.mu.Lock()
 	t.conn = nil
 	select {

@@ -1,0 +1,124 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// The suspect window (Config.SuspectWindow). RabbitMQ 3.10.8 acks
+// publishes that no queue ever holds when a channel's first publish to a
+// quorum queue falls while that queue has no leader: after a failover, a
+// nack, or for a new publisher (TestProbeQuorumLeaderLoss; docs/guarantees.md,
+// known defects). The client cannot ask whether a queue has a leader, but it
+// knows when such a moment may have begun: every failure signal (the
+// connection lost or made again, a nack, a publish channel retired or
+// reopened, a cluster transport's start) opens a window of SuspectWindow in
+// which no confirm is trusted. A message whose publish was sent inside the
+// window is sent once more after it: by the relay (a *outbox.RetryAfterError
+// releases the row, uncounted, until the window ends) or by Deliver itself.
+// Each failure signal costs each message at most one extra send; without one
+// nothing changes.
+
+// maxSuspectRounds bounds how often a direct Deliver waits out a window and
+// sends again when failure signals keep coming; then it gives up with an
+// error wrapping outbox.ErrTransportUnavailable.
+const maxSuspectRounds = 3
+
+// suspect records a failure signal: confirms of publishes sent from now
+// until SuspectWindow has passed are not trusted.
+func (t *Transport) suspect(reason string) {
+	if t.cfg.SuspectWindow <= 0 {
+		return
+	}
+	t.lastSignal.Store(int64(time.Since(t.epoch)) + 1)
+	if t.log != nil {
+		t.log.Debug("rabbitmq confirms not trusted for a while", slog.String("reason", reason),
+			slog.Duration("suspect_window", t.cfg.SuspectWindow))
+	}
+}
+
+// distrusted reports whether the confirm of a publish sent at sent is not
+// trusted (sent before the end of the latest signal's window), and how long
+// until that window ends (zero if it already has).
+func (t *Transport) distrusted(sent time.Time) (time.Duration, bool) {
+	if t.cfg.SuspectWindow <= 0 {
+		return 0, false
+	}
+	sig := t.lastSignal.Load()
+	if sig == 0 {
+		return 0, false
+	}
+	end := t.epoch.Add(time.Duration(sig-1) + t.cfg.SuspectWindow)
+	if !sent.Before(end) {
+		return 0, false
+	}
+	return max(time.Until(end), 0), true
+}
+
+// resendSuspects handles the confirmed jobs of one deliverOnce whose
+// confirms fall in a suspect window: with a caller that handles
+// *outbox.RetryAfterError (the relay), it returns that error for them;
+// otherwise it waits for the window to end and sends them again, up to
+// maxSuspectRounds times. idx maps jobs' message indexes to errs.
+func (t *Transport) resendSuspects(ctx context.Context, msgs []*outbox.Message, mandatory bool, errs []error, jobs []*job, idx []int) {
+	deferOK := outbox.RetryAfterAllowed(ctx)
+	for round := 0; ; round++ {
+		var again []*job
+		var wait time.Duration
+		for _, j := range jobs {
+			if j.sent.IsZero() || errs[idx[j.i]] != nil {
+				continue
+			}
+			if d, ok := t.distrusted(j.sent); ok {
+				again = append(again, j)
+				wait = max(wait, d)
+			}
+		}
+		if len(again) == 0 {
+			return
+		}
+		if deferOK {
+			for _, j := range again {
+				errs[idx[j.i]] = &outbox.RetryAfterError{After: wait, Err: fmt.Errorf(
+					"%w: rabbitmq: broker confirmed message %q within %v of a failure signal (a failover, a reconnect or a nack); not trusted until that window has passed",
+					outbox.ErrTransportUnavailable, j.pub.MessageId, t.cfg.SuspectWindow)}
+			}
+			return
+		}
+		if round == maxSuspectRounds {
+			for _, j := range again {
+				errs[idx[j.i]] = fmt.Errorf("%w: rabbitmq: message %q: %d sends confirmed, each within %v of a failure signal; not trusted",
+					outbox.ErrTransportUnavailable, j.pub.MessageId, round+1, t.cfg.SuspectWindow)
+			}
+			return
+		}
+		if wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				for _, j := range again {
+					errs[idx[j.i]] = fmt.Errorf("%w: rabbitmq: gave up waiting to send message %q again after a failure signal: %w",
+						outbox.ErrTransportUnavailable, j.pub.MessageId, ctx.Err())
+				}
+				return
+			case <-timer.C:
+			}
+		}
+		sub := make([]*outbox.Message, len(again))
+		subIdx := make([]int, len(again))
+		for k, j := range again {
+			sub[k] = msgs[idx[j.i]]
+			subIdx[k] = idx[j.i]
+		}
+		subErrs, subJobs := t.deliverOnce(ctx, sub, mandatory)
+		for k, e := range subErrs {
+			errs[subIdx[k]] = e
+		}
+		jobs, idx = subJobs, subIdx
+	}
+}
