@@ -192,7 +192,8 @@ func (pipeline) CommitStatements(ctx context.Context, dc any, stmts []gormstore.
 // write through pgconn's pipeline, with a Sync after each: statements
 // before one Sync are one implicit transaction, into which a BEGIN would
 // fold the query. The arguments go as text, their types inferred by the
-// server; strings, byte slices, integers, floats and nil only.
+// server; strings, byte slices, integers, floats and nil only. The query
+// is prepared on the connection the first time (one round trip more).
 func (pipeline) RunThenBegin(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
 	c, ok := dc.(pgxConn)
 	if !ok {
@@ -217,11 +218,18 @@ func (pipeline) RunThenBegin(ctx context.Context, dc any, query string, args []a
 		}
 	}
 	conn := c.Conn()
+	// Prepared once per connection (pgx keeps it by its SQL), as pgx's
+	// own statements are: an unnamed statement would be parsed and
+	// planned by the server on every call.
+	sd, err := conn.Prepare(ctx, query, query)
+	if err != nil {
+		return err
+	}
 	p := conn.PgConn().StartPipeline(ctx)
-	p.SendQueryParams(query, params, nil, nil, nil)
+	p.SendQueryStatement(sd, params, nil, nil)
 	p.SendPipelineSync()
 	p.SendQueryParams("BEGIN", nil, nil, nil, nil)
-	err := p.Sync()
+	err = p.Sync()
 	if err == nil {
 		err = readPipeline(p, conn, dest)
 	}
