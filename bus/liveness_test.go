@@ -640,3 +640,82 @@ func TestStopEndsTheWaitForABusyLock(t *testing.T) {
 	}
 	t.Logf("Stop returned %v after it began, the delivery waiting for a lock with a minute to run", time.Since(start).Round(time.Millisecond))
 }
+
+// TestMarkFailingAtCommitRetries: on PostgreSQL with the Pipeline plugin
+// the processed mark goes with the COMMIT. When the lock was taken from
+// the delivery while its consumer ran (here an operator's release), the
+// mark fails, the COMMIT does not run (the consumer's row and the message
+// it published are gone with the transaction), and the delivery looks at
+// the entry again, finds it free and processes the message: its effect
+// and its published message once.
+func TestMarkFailingAtCommitRetries(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	table := "effects_marklost_" + env.suffix
+	if err := env.db.Table(table).AutoMigrate(&effect{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	var calls atomic.Int32
+	refunds := make(chan string, 10)
+	b := start(t, append(pgOutbox(env, env.db), quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("marklost", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				if err := bus.TxFromContext(ctx).Table(table).Create(&effect{MessageID: c.MessageID, Consumer: "marklost"}).Error; err != nil {
+					return err
+				}
+				if err := c.Publish(ctx, RefundIssued{PaymentID: c.Message.PaymentID}, bus.Headers{bus.HeaderMessageID: "refund-" + c.MessageID}); err != nil {
+					return err
+				}
+				if calls.Add(1) == 1 {
+					// The lock is dropped under the running consumer, as
+					// an operator's POST /inbox/release does.
+					res := env.db.Exec("UPDATE "+env.prefix+"inbox SET lock_token = NULL, expires_at = now() WHERE message_id = ?", c.MessageID)
+					if res.Error != nil || res.RowsAffected != 1 {
+						t.Errorf("release under the consumer: %v, %d rows", res.Error, res.RowsAffected)
+					}
+				}
+				return nil
+			})
+		})
+		c.ReceiveEndpoint("marklost-refunds", func(e *endpoint.Endpoint) {
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[RefundIssued]) error {
+				refunds <- c.MessageID
+				return nil
+			})
+		})
+	}))...)
+	if err := b.Publish(context.Background(), PaymentReceived{PaymentID: "p"}, bus.Headers{bus.HeaderMessageID: "marklost-1"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-refunds:
+		if id != "refund-marklost-1" {
+			t.Fatalf("refund %q", id)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no refund published; consumer ran %d times, stats %+v", calls.Load(), b.Stats())
+	}
+	drain(t, b)
+	if n := calls.Load(); n != 2 {
+		t.Errorf("consumer ran %d times, want 2 (the lost commit, then the retry)", n)
+	}
+	var effects, rows int64
+	env.db.Table(table).Where("message_id = ?", "marklost-1").Count(&effects)
+	env.db.Raw("SELECT count(*) FROM "+env.prefix+"outbox WHERE message_id = ?", "refund-marklost-1").Scan(&rows)
+	if effects != 1 || rows != 1 {
+		t.Errorf("%d effects and %d outbox rows of the refund; want 1 and 1", effects, rows)
+	}
+	if n := processedEntries(t, b, "marklost-1"); n != 1 {
+		t.Errorf("%d processed entries; want 1", n)
+	}
+	if s := b.Stats(); s.DeadLettered != 0 || s.Retries != 0 {
+		t.Errorf("stats %+v; a lost lock is no failure: no retry charged, no dead letter", s)
+	}
+	select {
+	case id := <-refunds:
+		t.Errorf("refund %s delivered twice", id)
+	default:
+	}
+}

@@ -56,6 +56,37 @@ type DeferredTx struct {
 	immediate bool // a savepoint was taken
 	done      bool
 	failed    error // writing the kept rows before a savepoint failed
+
+	// first are statements sent in the commit's write ahead of the kept
+	// rows (the inbox's processed mark); they need an InboxPipeliner.
+	first []Statement
+}
+
+// InboxPipeliner is implemented by a PipelinePlugin plugin that can also
+// drive the inbox's round trips (postgresdb.Pipeline does): Inbox.LockAndProcess
+// takes the lock and begins the transaction in one write, and sends the
+// processed mark, the consumer's outbox rows and the COMMIT in another.
+type InboxPipeliner interface {
+	CommitPipeliner
+	// RunThenBegin runs query with args in a transaction of its own
+	// (committed when the query ends), scans each row it returns into the
+	// destinations dest returns, then runs BEGIN: both in one write. When
+	// it returns nil the connection is in the transaction BEGIN opened;
+	// when it returns an error, the connection may be in it or not.
+	RunThenBegin(ctx context.Context, dc any, query string, args []any, dest func() []any) error
+	// CommitStatements runs stmts in order in the transaction begun on dc,
+	// then COMMIT, in one write. A statement that fails makes PostgreSQL
+	// skip the rest and the COMMIT. A COMMIT that rolled back is an error.
+	CommitStatements(ctx context.Context, dc any, stmts []Statement) error
+}
+
+// Statement is one statement of InboxPipeliner.CommitStatements.
+type Statement struct {
+	SQL  string
+	Args []any
+	// Dest returns the destinations of one row's columns; nil: the rows
+	// are not read.
+	Dest func() []any
 }
 
 // Begin begins a transaction whose outbox rows are written at commit, in
@@ -66,23 +97,44 @@ type DeferredTx struct {
 // BeginTx is not called for it (registering the plugin opts in to that).
 // The caller ends it with tx.Commit or tx.Rollback.
 func (o *Outbox) Begin(ctx context.Context, db *gorm.DB) (*gorm.DB, error) {
-	if o.s.dialect.name != DialectPostgres || db == nil || db.Config == nil {
+	if o.s.dialect.name != DialectPostgres {
 		return nil, nil
+	}
+	c, p, sqlDB, err := pipelineConn(ctx, db)
+	if c == nil {
+		return nil, err
+	}
+	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
+		discard(c)
+		return nil, err
+	}
+	d := &DeferredTx{o: o, db: sqlDB, conn: c, pipe: p}
+	return d.session(ctx, db), nil
+}
+
+// pipelineConn takes a connection of the *sql.DB under db's pool for a
+// transaction driven through db's PipelinePlugin plugin. It returns a nil
+// *sql.Conn (and a nil error) when db has no such plugin, is in a
+// transaction already, has no *sql.DB under it, or when the plugin cannot
+// drive the connection; an error when taking a connection failed.
+func pipelineConn(ctx context.Context, db *gorm.DB) (*sql.Conn, CommitPipeliner, *sql.DB, error) {
+	if db == nil || db.Config == nil {
+		return nil, nil, nil, nil
 	}
 	p, ok := db.Config.Plugins[PipelinePlugin].(CommitPipeliner)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil, nil
 	}
 	if _, inTx := conn(db).(gorm.TxCommitter); inTx {
-		return nil, nil
+		return nil, nil, nil, nil
 	}
 	sqlDB, err := db.DB()
 	if err != nil || sqlDB == nil {
-		return nil, nil
+		return nil, nil, nil, nil
 	}
 	c, err := sqlDB.Conn(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	supported := false
 	_ = c.Raw(func(dc any) error {
@@ -91,16 +143,16 @@ func (o *Outbox) Begin(ctx context.Context, db *gorm.DB) (*gorm.DB, error) {
 	})
 	if !supported {
 		_ = c.Close()
-		return nil, nil
+		return nil, nil, nil, nil
 	}
-	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
-		discard(c)
-		return nil, err
-	}
-	d := &DeferredTx{o: o, db: sqlDB, conn: c, pipe: p}
+	return c, p, sqlDB, nil
+}
+
+// session is a *gorm.DB of db's configuration whose statements run in d.
+func (d *DeferredTx) session(ctx context.Context, db *gorm.DB) *gorm.DB {
 	tx := db.Session(&gorm.Session{Context: ctx, NewDB: true})
 	tx.Statement.ConnPool = d
-	return tx, nil
+	return tx
 }
 
 // DeferredOf returns the DeferredTx that tx runs in, or nil.
@@ -250,16 +302,40 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 	if failed != nil {
 		return fmt.Errorf("gormstore: outbox add before a savepoint failed, not committing: %w", failed)
 	}
-	if len(msgs) == 0 {
-		return d.commitWith(ctx, "", nil, nil)
-	}
-	parts := chunk(msgs, maxInsertRows)
-	for _, part := range parts[:len(parts)-1] {
-		if err := d.o.insertAll(ctx, d, part); err != nil {
+	stmts := d.first
+	var inserted func()
+	if len(msgs) > 0 {
+		parts := chunk(msgs, maxInsertRows)
+		for _, part := range parts[:len(parts)-1] {
+			if err := d.o.insertAll(ctx, d, part); err != nil {
+				return err
+			}
+		}
+		st, done, err := d.o.commitInsert(parts[len(parts)-1])
+		if err != nil {
 			return err
 		}
+		stmts, inserted = append(stmts, st), done
 	}
-	return d.o.insertCommit(ctx, d, parts[len(parts)-1])
+	switch {
+	case len(stmts) == 0:
+		err = d.commitWith(ctx, "", nil, nil)
+	case len(d.first) == 0:
+		if err = d.commitWith(ctx, stmts[0].SQL, stmts[0].Args, stmts[0].Dest); err != nil {
+			err = fmt.Errorf("gormstore: outbox add at commit: %w", err)
+		}
+	default:
+		err = d.conn.Raw(func(dc any) error {
+			return d.pipe.(InboxPipeliner).CommitStatements(ctx, dc, stmts)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	if inserted != nil {
+		inserted()
+	}
+	return nil
 }
 
 // Rollback implements gorm.TxCommitter.
@@ -301,33 +377,33 @@ func (o *Outbox) insertAll(ctx context.Context, d *DeferredTx, msgs []*outbox.Me
 	return nil
 }
 
-// insertCommit inserts msgs and commits in one round trip through the
-// CommitPipeliner.
-func (o *Outbox) insertCommit(ctx context.Context, d *DeferredTx, msgs []*outbox.Message) error {
+// commitInsert is the INSERT of msgs sent with the COMMIT, and what to do
+// once it committed: hand the transaction to the commit watcher and set
+// the messages' ids.
+func (o *Outbox) commitInsert(msgs []*outbox.Message) (Statement, func(), error) {
 	watch := o.watch != nil
 	args, err := o.insertArgs(msgs)
 	if err != nil {
-		return err
+		return Statement{}, nil, err
 	}
 	rows := make([]insertedRow, 0, len(msgs))
-	err = d.commitWith(ctx, o.insertSQL(len(msgs), watch), args, func() []any {
+	st := Statement{SQL: o.insertSQL(len(msgs), watch), Args: args, Dest: func() []any {
 		rows = append(rows, insertedRow{})
 		r := &rows[len(rows)-1]
 		if watch {
 			return []any{&r.ID, &r.CreatedAt, &r.Xid}
 		}
 		return []any{&r.ID, &r.CreatedAt}
-	})
-	if err != nil {
-		return fmt.Errorf("gormstore: outbox add at commit: %w", err)
+	}}
+	done := func() {
+		if watch && len(rows) > 0 {
+			o.watch.add(rows[0].Xid)
+		}
+		// Committed: a read-back that does not pair up leaves the ids
+		// unset but the rows are in.
+		_ = o.assign(msgs, rows)
 	}
-	if watch && len(rows) > 0 {
-		o.watch.add(rows[0].Xid)
-	}
-	// Committed: a read-back that does not pair up leaves the ids unset
-	// but the rows are in.
-	_ = o.assign(msgs, rows)
-	return nil
+	return st, done, nil
 }
 
 // commitWith runs the plugin's CommitWith on the transaction's connection.

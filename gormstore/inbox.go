@@ -21,6 +21,7 @@ type Inbox struct {
 	tryLockSQL        string
 	readSQL           string
 	markSQL           string
+	markOrFailSQL     string
 	processAndLockSQL string
 	releaseSQL        string
 	forceReleaseSQL   string
@@ -81,6 +82,7 @@ CASE WHEN ` + lockable + ` THEN 1 ELSE 0 END AS relockable
 FROM {inbox} WHERE message_id = ? AND consumer_type = ?`))
 	in.markSQL = s.dialect.bind(s.query(`UPDATE {inbox} SET processed_at = ` + s.markClock() + `, lock_token = NULL
 WHERE message_id = ? AND consumer_type = ? AND lock_token = ? AND processed_at IS NULL`))
+	in.markOrFailSQL = s.dialect.bind(s.query(markOrFailSQL))
 	// Takes over an abandoned (released or expired) lock too: such an entry
 	// is neither a duplicate nor a live concurrent delivery, and reporting it
 	// as existing would get the message acknowledged unprocessed.

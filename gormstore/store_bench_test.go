@@ -165,6 +165,65 @@ func BenchmarkInbox(b *testing.B) {
 				}
 			}
 		})
+		// LockAndProcess is the middleware's path: on PostgreSQL with the
+		// Pipeline plugin (postgresdb.Open) the lock goes with the BEGIN
+		// and the mark with the COMMIT; elsewhere it is TwoPhase.
+		b.Run("LockAndProcess", func(b *testing.B) {
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				key := inbox.Key{MessageID: "lp-" + strconv.Itoa(i), ConsumerType: "bench"}
+				lock, err := s.Inbox().LockAndProcess(ctx, key, 30*time.Second, noop)
+				if err != nil || lock.State != inbox.Acquired {
+					b.Fatalf("lock and process: %v %v", lock.State, err)
+				}
+			}
+		})
+		// A consumer's work as the load tool's e2e does it: a business row
+		// and one published message, in the inbox's transaction.
+		business := s.TablePrefix() + "bench_business"
+		if err := db.Exec("CREATE TABLE " + business + " (id text PRIMARY KEY)").Error; err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { db.Exec("DROP TABLE IF EXISTS " + business) })
+		work := func(id string) func(ctx context.Context) error {
+			return func(ctx context.Context) error {
+				tx, _ := gormstore.TxFromContext(ctx)
+				if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", id).Error; err != nil {
+					return err
+				}
+				return s.Outbox().Add(ctx, []*outbox.Message{{MessageID: "out-" + id, Destination: "exchange:Bench", MessageType: "Bench", Payload: []byte(`{}`)}})
+			}
+		}
+		b.Run("TwoPhaseConsume", func(b *testing.B) {
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				id := "tpc-" + strconv.Itoa(i)
+				key := inbox.Key{MessageID: id, ConsumerType: "bench"}
+				lock, err := s.Inbox().TryLock(ctx, key, 30*time.Second)
+				if err != nil || lock.State != inbox.Acquired {
+					b.Fatalf("lock: %v %v", lock.State, err)
+				}
+				if err := s.Inbox().Process(ctx, key, lock.Token, work(id)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("LockAndProcessConsume", func(b *testing.B) {
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				i++
+				id := "lpc-" + strconv.Itoa(i)
+				lock, err := s.Inbox().LockAndProcess(ctx, inbox.Key{MessageID: id, ConsumerType: "bench"}, 30*time.Second, work(id))
+				if err != nil || lock.State != inbox.Acquired {
+					b.Fatalf("lock and process: %v %v", lock.State, err)
+				}
+			}
+		})
 		// One op is one message of batches of 32 (group commit): one
 		// TryLockBatch and one ProcessBatch per 32 messages.
 		b.Run("Batch32", func(b *testing.B) {

@@ -104,12 +104,20 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// expire (a crashed delivery, taken over). Waiting in process rather
 		// than requeueing spares the broker a requeue per second, which
 		// quorum queues count towards their delivery limit.
+		lp, pipelined := m.Store.(LockProcessor)
 		var lock Lock
+		var err error
 		for {
-			var err error
-			lock, err = m.Store.TryLock(ctx, key, m.LockTimeout)
-			if err != nil {
-				return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
+			if pipelined {
+				lock, err = lp.LockAndProcess(ctx, key, m.LockTimeout, run)
+				if err != nil && lock.State == 0 {
+					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
+				}
+			} else {
+				lock, err = m.Store.TryLock(ctx, key, m.LockTimeout)
+				if err != nil {
+					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
+				}
 			}
 			if lock.State == Processed {
 				m.duplicate(ctx, key, log)
@@ -122,7 +130,9 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				return nil, err
 			}
 		}
-		err := m.Store.Process(ctx, key, lock.Token, run)
+		if !pipelined {
+			err = m.Store.Process(ctx, key, lock.Token, run)
+		}
 		if err == nil {
 			return nil, nil
 		}

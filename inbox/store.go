@@ -100,6 +100,23 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
+// LockProcessor is implemented by stores that can take the lock and run
+// the processing transaction with fewer round trips than TryLock followed
+// by Process (gormstore on PostgreSQL with the postgresdb.Pipeline plugin
+// sends the lock with the BEGIN, and the processed mark with the COMMIT).
+// The two-phase middleware uses it when the store has it.
+type LockProcessor interface {
+	// LockAndProcess is TryLock followed, when the lock was acquired, by
+	// Process with its token, with their guarantees: the lock commits on
+	// its own before the processing transaction begins. The Lock's State
+	// says what happened: Processed and Busy as TryLock's (fn did not
+	// run, the error is nil); Acquired: fn ran, or was about to, and the
+	// error is Process's; the Lock names the token to release when that
+	// error is not ErrLockLost. A zero State with an error: taking the
+	// lock failed and no lock is held.
+	LockAndProcess(ctx context.Context, key Key, timeout time.Duration, fn func(ctx context.Context) error) (Lock, error)
+}
+
 // Stats are inbox counts.
 type Stats struct {
 	Processed int64

@@ -11,9 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -73,7 +75,10 @@ func Pipeline() gorm.Plugin { return pipeline{} }
 
 type pipeline struct{}
 
-var _ gormstore.CommitPipeliner = pipeline{}
+var (
+	_ gormstore.CommitPipeliner = pipeline{}
+	_ gormstore.InboxPipeliner  = pipeline{}
+)
 
 func (pipeline) Name() string                 { return gormstore.PipelinePlugin }
 func (pipeline) Initialize(db *gorm.DB) error { return nil }
@@ -130,4 +135,155 @@ func (pipeline) CommitWith(ctx context.Context, dc any, query string, args []any
 		err = cerr
 	}
 	return err
+}
+
+// CommitStatements sends stmts and COMMIT as one pgx batch: one write, one
+// Sync. A failed statement makes PostgreSQL skip the rest and the COMMIT.
+func (pipeline) CommitStatements(ctx context.Context, dc any, stmts []gormstore.Statement) error {
+	c, ok := dc.(pgxConn)
+	if !ok {
+		return errors.New("postgresdb: not a pgx connection")
+	}
+	b := &pgx.Batch{}
+	for _, st := range stmts {
+		b.Queue(st.SQL, st.Args...)
+	}
+	b.Queue("COMMIT")
+	br := c.Conn().SendBatch(ctx, b)
+	err := func() error {
+		for _, st := range stmts {
+			if st.Dest == nil {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+				continue
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				if err := rows.Scan(st.Dest()...); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		if tag.String() != "COMMIT" {
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// RunThenBegin sends query (a transaction of its own) and BEGIN in one
+// write through pgconn's pipeline, with a Sync after each: statements
+// before one Sync are one implicit transaction, into which a BEGIN would
+// fold the query. The arguments go as text, their types inferred by the
+// server; strings, byte slices, integers, floats and nil only. The query
+// is prepared on the connection the first time (one round trip more).
+func (pipeline) RunThenBegin(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
+	c, ok := dc.(pgxConn)
+	if !ok {
+		return errors.New("postgresdb: not a pgx connection")
+	}
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case nil:
+		case string:
+			params[i] = []byte(v)
+		case []byte:
+			params[i] = v
+		case int:
+			params[i] = strconv.AppendInt(nil, int64(v), 10)
+		case int64:
+			params[i] = strconv.AppendInt(nil, v, 10)
+		case float64:
+			params[i] = strconv.AppendFloat(nil, v, 'g', -1, 64)
+		default:
+			return fmt.Errorf("postgresdb: RunThenBegin: argument %d of type %T not supported", i, a)
+		}
+	}
+	conn := c.Conn()
+	// Prepared once per connection (pgx keeps it by its SQL), as pgx's
+	// own statements are: an unnamed statement would be parsed and
+	// planned by the server on every call.
+	sd, err := conn.Prepare(ctx, query, query)
+	if err != nil {
+		return err
+	}
+	p := conn.PgConn().StartPipeline(ctx)
+	p.SendQueryStatement(sd, params, nil, nil)
+	p.SendPipelineSync()
+	p.SendQueryParams("BEGIN", nil, nil, nil, nil)
+	err = p.Sync()
+	if err == nil {
+		err = readPipeline(p, conn, dest)
+	}
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readPipeline reads RunThenBegin's results up to its second Sync: the
+// query's rows, BEGIN's result. The query's error comes first; a broken
+// connection ends the read.
+func readPipeline(p *pgconn.Pipeline, conn *pgx.Conn, dest func() []any) error {
+	var qerr, berr error
+	for syncs := 0; syncs < 2; {
+		res, err := p.GetResults()
+		if err != nil {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				return errors.Join(qerr, err)
+			}
+			// A statement's error: PostgreSQL skips to its Sync.
+			if syncs == 0 {
+				qerr = err
+			} else {
+				berr = err
+			}
+			continue
+		}
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			if syncs == 0 {
+				fds := r.FieldDescriptions()
+				for r.NextRow() {
+					if qerr == nil {
+						qerr = pgx.ScanRow(conn.TypeMap(), fds, r.Values(), dest()...)
+					}
+				}
+			}
+			if _, err := r.Close(); err != nil {
+				if syncs == 0 && qerr == nil {
+					qerr = err
+				} else if syncs > 0 {
+					berr = err
+				}
+			}
+		case *pgconn.PipelineSync:
+			syncs++
+		case nil:
+			return errors.Join(qerr, errors.New("postgresdb: pipeline ended before its Sync"))
+		}
+	}
+	if qerr != nil {
+		return qerr
+	}
+	return berr
 }

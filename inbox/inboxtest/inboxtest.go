@@ -62,6 +62,16 @@ func Run(t *testing.T, newStore func(t *testing.T) inbox.Store) {
 			c.fn(t, s, b)
 		})
 	}
+	for _, c := range lockProcessCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStore(t)
+			lp, ok := s.(inbox.LockProcessor)
+			if !ok {
+				t.Skip("the store does not implement inbox.LockProcessor")
+			}
+			c.fn(t, s, lp)
+		})
+	}
 }
 
 var errBoom = errors.New("inboxtest: handler failed")
