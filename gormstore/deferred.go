@@ -60,6 +60,20 @@ type DeferredTx struct {
 	// first are statements sent in the commit's write ahead of the kept
 	// rows (the inbox's processed mark); they need an InboxPipeliner.
 	first []Statement
+	// after run once the COMMIT has succeeded (AfterCommit).
+	after []func()
+}
+
+// AfterCommit registers f to run once the transaction has committed, after
+// the COMMIT's round trip returned; f does not run when the transaction
+// rolls back or its commit fails. For code that must not act before the
+// transaction's effects are visible (a metric, a notification); a
+// transaction opened through GORM's own Begin has no DeferredTx (see
+// DeferredOf) and its caller's commit is the place for that.
+func (d *DeferredTx) AfterCommit(f func()) {
+	d.mu.Lock()
+	d.after = append(d.after, f)
+	d.mu.Unlock()
 }
 
 // InboxPipeliner is implemented by a PipelinePlugin plugin that can also
@@ -334,6 +348,13 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 	}
 	if inserted != nil {
 		inserted()
+	}
+	d.mu.Lock()
+	after := d.after
+	d.after = nil
+	d.mu.Unlock()
+	for _, f := range after {
+		f()
 	}
 	return nil
 }

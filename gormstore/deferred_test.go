@@ -92,11 +92,20 @@ func TestDeferredAddWaitsForCommit(t *testing.T) {
 	if d.Pending() != 2 {
 		t.Fatalf("pending = %d, want 2", d.Pending())
 	}
+	// AfterCommit's function runs once the rows and the COMMIT are in:
+	// it sees them from another connection.
+	afterRows := int64(-1)
+	d.AfterCommit(func() {
+		afterRows = count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox WHERE message_id IN (?, ?)", "d1", "d2")
+	})
 	if n := count(t, tx, "SELECT count(*) FROM "+s.TablePrefix()+"outbox"); n != 0 {
 		t.Fatalf("%d outbox rows before the commit, want 0 (deferred)", n)
 	}
 	if err := d.CommitContext(ctx); err != nil {
 		t.Fatalf("commit: %v", err)
+	}
+	if afterRows != 2 {
+		t.Errorf("AfterCommit's function saw %d outbox rows, want 2 (it must run after the commit, once)", afterRows)
 	}
 	if n := count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox WHERE message_id IN (?, ?)", "d1", "d2"); n != 2 {
 		t.Fatalf("%d outbox rows after the commit, want 2", n)
@@ -136,8 +145,13 @@ func TestDeferredInsertFailureRollsBack(t *testing.T) {
 		if err := out.Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("ok", "T"), msg("boom", "Boom")}); err != nil {
 			t.Fatalf("Add: %v", err)
 		}
+		ran := false
+		gormstore.DeferredOf(tx).AfterCommit(func() { ran = true })
 		if err := gormstore.DeferredOf(tx).CommitContext(ctx); err == nil {
 			t.Fatal("commit succeeded though the outbox insert failed")
+		}
+		if ran {
+			t.Error("AfterCommit's function ran though the commit failed")
 		}
 		if n := count(t, db, "SELECT count(*) FROM "+business); n != 0 {
 			t.Fatalf("%d business rows committed without their outbox rows", n)
@@ -230,8 +244,13 @@ func TestDeferredRollback(t *testing.T) {
 	if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("r", "T")}); err != nil {
 		t.Fatal(err)
 	}
+	ran := false
+	gormstore.DeferredOf(tx).AfterCommit(func() { ran = true })
 	if err := gormstore.DeferredOf(tx).Rollback(); err != nil {
 		t.Fatal(err)
+	}
+	if ran {
+		t.Error("AfterCommit's function ran on a rollback")
 	}
 	if n := count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox"); n != 0 {
 		t.Fatalf("%d outbox rows after rollback, want 0", n)

@@ -210,7 +210,11 @@ func (p *barewirePipe) consume(ctx context.Context, c *endpoint.Context[benchMsg
 		return err
 	}
 	id, ts := c.MessageID, c.Message.TS
-	if !afterCommit(tx, func(at time.Time) { p.tr.consumedMsgStaged(id, ts, started, at) }) {
+	switch d := gormstore.DeferredOf(tx); {
+	case afterCommit(tx, func(at time.Time) { p.tr.consumedMsgStaged(id, ts, started, at) }):
+	case d != nil: // the inbox's pipelined transaction (PostgreSQL with the Pipeline plugin)
+		d.AfterCommit(func() { p.tr.consumedMsgStaged(id, ts, started, time.Now()) })
+	default:
 		p.tr.consumedMsgStaged(id, ts, started, time.Now())
 	}
 	return nil
