@@ -44,7 +44,9 @@ func (s *fakeStore) Release(_ context.Context, _ string, ids []int64, _ string, 
 
 type fakeTransport func(ctx context.Context, msgs []*outbox.Message) []error
 
-func (f fakeTransport) Deliver(ctx context.Context, msgs []*outbox.Message) []error { return f(ctx, msgs) }
+func (f fakeTransport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	return f(ctx, msgs)
+}
 
 // TestRelayRetryAfter: a *outbox.RetryAfterError releases the row without
 // counting an attempt, claimable again after the transport's After, and it

@@ -93,48 +93,12 @@ func (pipeline) Supports(dc any) bool {
 
 // CommitWith sends query and COMMIT as one pgx batch: one write, one Sync.
 // A failed query makes PostgreSQL skip the COMMIT.
-func (pipeline) CommitWith(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
-	c, ok := dc.(pgxConn)
-	if !ok {
-		return errors.New("postgresdb: not a pgx connection")
-	}
-	b := &pgx.Batch{}
+func (p pipeline) CommitWith(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
+	var stmts []gormstore.Statement
 	if query != "" {
-		b.Queue(query, args...)
+		stmts = []gormstore.Statement{{SQL: query, Args: args, Dest: dest}}
 	}
-	b.Queue("COMMIT")
-	br := c.Conn().SendBatch(ctx, b)
-	err := func() error {
-		if query != "" {
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				if err := rows.Scan(dest()...); err != nil {
-					rows.Close()
-					return err
-				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-		}
-		tag, err := br.Exec()
-		if err != nil {
-			return err
-		}
-		if tag.String() != "COMMIT" {
-			// COMMIT of a failed transaction answers ROLLBACK.
-			return pgx.ErrTxCommitRollback
-		}
-		return nil
-	}()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return p.CommitStatements(ctx, dc, stmts)
 }
 
 // CommitStatements sends stmts and COMMIT as one pgx batch: one write, one
@@ -178,6 +142,7 @@ func (pipeline) CommitStatements(ctx context.Context, dc any, stmts []gormstore.
 			return err
 		}
 		if tag.String() != "COMMIT" {
+			// COMMIT of a failed transaction answers ROLLBACK.
 			return pgx.ErrTxCommitRollback
 		}
 		return nil

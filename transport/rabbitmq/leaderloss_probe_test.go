@@ -125,10 +125,10 @@ type probeResult struct {
 	// ack; caught: of them, those with fewer copies in the queue than
 	// acked sends, so that an untrusted ack was a lie the window caught.
 	deferred, caught int
-	extra, doubled                                  int // in a queue unacked / twice
-	lostQueues                                      int
-	lostAfterKill                                   []time.Duration
-	notes                                           []string
+	extra, doubled   int // in a queue unacked / twice
+	lostQueues       int
+	lostAfterKill    []time.Duration
+	notes            []string
 }
 
 func (r *probeResult) add(o probeResult) {
