@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -15,8 +16,9 @@ import (
 )
 
 // PipelinePlugin is the name of the GORM plugin (see CommitPipeliner) that
-// lets Outbox.Begin send a transaction's outbox insert and its COMMIT in
-// one round trip. postgresdb.Pipeline is one; postgresdb.Open registers it.
+// lets Outbox.Begin send a transaction's BEGIN with its first Exec and its
+// outbox insert with its COMMIT. postgresdb.Pipeline is one;
+// postgresdb.Open registers it.
 const PipelinePlugin = "barewire:commit-pipeline"
 
 // CommitPipeliner is implemented by the GORM plugin registered as
@@ -25,24 +27,31 @@ const PipelinePlugin = "barewire:commit-pipeline"
 // PostgreSQL driver.
 type CommitPipeliner interface {
 	// Supports reports whether dc, a driver connection of database/sql's
-	// pool, is one CommitWith can drive.
+	// pool, is one the plugin can drive.
 	Supports(dc any) bool
-	// CommitWith runs query with args on the driver connection dc (inside
-	// the transaction begun on it), scans each row the query returns into
-	// the destinations dest returns, and commits, sending the statement
-	// and the COMMIT in one write. When query fails the COMMIT must not
-	// run (PostgreSQL skips what follows a failed statement up to the next
-	// Sync). query "" sends the COMMIT alone. A COMMIT that rolled back
-	// (the transaction had failed) is an error.
-	CommitWith(ctx context.Context, dc any, query string, args []any, dest func() []any) error
+	// BeginExec runs BEGIN and then query with args (as database/sql's
+	// ExecContext would) in the transaction BEGIN opened, on the driver
+	// connection dc, sending both in one write. It returns the rows query
+	// affected. When it fails, the connection may be in the transaction
+	// or not.
+	BeginExec(ctx context.Context, dc any, query string, args []any) (int64, error)
+	// CommitStatements runs stmts in order in the transaction on dc, then
+	// COMMIT, in one write, scanning each row a statement with a Dest
+	// returns. A statement that fails makes PostgreSQL skip the rest and
+	// the COMMIT. A COMMIT that rolled back (the transaction had failed)
+	// is an error.
+	CommitStatements(ctx context.Context, dc any, stmts []Statement) error
 }
 
 // DeferredTx is a transaction begun by Outbox.Begin, the *gorm.DB's
-// ConnPool inside it. Outbox.Add in it validates the messages at once and
-// keeps them; Commit inserts them in one multi-row statement sent together
-// with the COMMIT. Once a SAVEPOINT has run in it, Add inserts at once as
-// elsewhere (a later ROLLBACK TO must take the row with it), after writing
-// what it kept so far.
+// ConnPool inside it. Its BEGIN is not sent until its first statement: an
+// Exec carries it in the same write, anything else (a query, a prepare)
+// sends it first, and a transaction that runs no statement before its
+// commit sends BEGIN with the COMMIT (or nothing at all). Outbox.Add in it
+// validates the messages at once and keeps them; Commit inserts them in
+// one multi-row statement sent together with the COMMIT. Once a SAVEPOINT
+// has run in it, Add inserts at once as elsewhere (a later ROLLBACK TO must
+// take the row with it), after writing what it kept so far.
 //
 // A DeferredTx is used by one goroutine at a time, like any transaction.
 type DeferredTx struct {
@@ -56,6 +65,13 @@ type DeferredTx struct {
 	immediate bool // a savepoint was taken
 	done      bool
 	failed    error // writing the kept rows before a savepoint failed
+	// unbegun: BEGIN has not been sent yet (Outbox.Begin's transactions
+	// until their first statement).
+	unbegun bool
+	// broken: sending the BEGIN failed, so the connection may not be in a
+	// transaction: every later statement fails with it rather than run
+	// outside one.
+	broken error
 
 	// first are statements sent in the commit's write ahead of the kept
 	// rows (the inbox's processed mark); they need an InboxPipeliner.
@@ -79,7 +95,8 @@ func (d *DeferredTx) AfterCommit(f func()) {
 // InboxPipeliner is implemented by a PipelinePlugin plugin that can also
 // drive the inbox's round trips (postgresdb.Pipeline does): Inbox.LockAndProcess
 // takes the lock and begins the transaction in one write, and sends the
-// processed mark, the consumer's outbox rows and the COMMIT in another.
+// processed mark, the consumer's outbox rows and the COMMIT in another
+// (CommitStatements).
 type InboxPipeliner interface {
 	CommitPipeliner
 	// RunThenBegin runs query with args in a transaction of its own
@@ -88,13 +105,9 @@ type InboxPipeliner interface {
 	// it returns nil the connection is in the transaction BEGIN opened;
 	// when it returns an error, the connection may be in it or not.
 	RunThenBegin(ctx context.Context, dc any, query string, args []any, dest func() []any) error
-	// CommitStatements runs stmts in order in the transaction begun on dc,
-	// then COMMIT, in one write. A statement that fails makes PostgreSQL
-	// skip the rest and the COMMIT. A COMMIT that rolled back is an error.
-	CommitStatements(ctx context.Context, dc any, stmts []Statement) error
 }
 
-// Statement is one statement of InboxPipeliner.CommitStatements.
+// Statement is one statement of CommitPipeliner.CommitStatements.
 type Statement struct {
 	SQL  string
 	Args []any
@@ -103,7 +116,8 @@ type Statement struct {
 	Dest func() []any
 }
 
-// Begin begins a transaction whose outbox rows are written at commit, in
+// Begin begins a transaction whose BEGIN is sent with its first Exec (or
+// before its first query) and whose outbox rows are written at commit, in
 // the same round trip as the COMMIT. It returns a nil *gorm.DB when db
 // cannot do that: not on PostgreSQL, no CommitPipeliner plugin registered
 // on db, or no *sql.DB under db's pool. The transaction runs on a
@@ -118,11 +132,7 @@ func (o *Outbox) Begin(ctx context.Context, db *gorm.DB) (*gorm.DB, error) {
 	if c == nil {
 		return nil, err
 	}
-	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
-		discard(c)
-		return nil, err
-	}
-	d := &DeferredTx{o: o, db: sqlDB, conn: c, pipe: p}
+	d := &DeferredTx{o: o, db: sqlDB, conn: c, pipe: p, unbegun: true}
 	return d.session(ctx, db), nil
 }
 
@@ -254,17 +264,41 @@ func (d *DeferredTx) flush(ctx context.Context, msgs []*outbox.Message) error {
 	return d.o.insertAll(ctx, d, msgs)
 }
 
-// ExecContext implements gorm.ConnPool.
+// ExecContext implements gorm.ConnPool. The transaction's first statement,
+// when it is an Exec, carries the BEGIN in its write.
 func (d *DeferredTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	if err := d.beforeStatement(ctx, q); err != nil {
 		return nil, err
 	}
-	return d.conn.ExecContext(ctx, q, args...)
+	begin, err := d.takeBegin()
+	if err != nil {
+		return nil, err
+	}
+	if !begin {
+		return d.conn.ExecContext(ctx, q, args...)
+	}
+	var n int64
+	err = d.conn.Raw(func(dc any) error {
+		var err error
+		n, err = d.pipe.BeginExec(ctx, dc, q, driverArgs(args))
+		return err
+	})
+	if err != nil {
+		// Whatever failed, nothing after it may run: the statement's own
+		// error aborted the transaction, and an error before the server
+		// ran the BEGIN would leave later statements outside one.
+		d.breakTx(err)
+		return nil, err
+	}
+	return driver.RowsAffected(n), nil
 }
 
 // QueryContext implements gorm.ConnPool.
 func (d *DeferredTx) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	if err := d.beforeStatement(ctx, q); err != nil {
+		return nil, err
+	}
+	if err := d.ensureBegun(ctx); err != nil {
 		return nil, err
 	}
 	return d.conn.QueryContext(ctx, q, args...)
@@ -275,12 +309,79 @@ func (d *DeferredTx) QueryRowContext(ctx context.Context, q string, args ...any)
 	// A failed insert before a savepoint aborts the transaction on the
 	// server: this statement and the COMMIT fail with it.
 	_ = d.beforeStatement(ctx, q)
+	if err := d.ensureBegun(ctx); err != nil {
+		return d.conn.QueryRowContext(failedContext(ctx, err), q, args...)
+	}
 	return d.conn.QueryRowContext(ctx, q, args...)
 }
 
 // PrepareContext implements gorm.ConnPool.
 func (d *DeferredTx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
+	if err := d.ensureBegun(ctx); err != nil {
+		return nil, err
+	}
 	return d.conn.PrepareContext(ctx, q)
+}
+
+// takeBegin reports whether the next statement must send the BEGIN (and
+// from now on it counts as sent), or the error that broke the transaction.
+func (d *DeferredTx) takeBegin() (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.broken != nil {
+		return false, d.broken
+	}
+	begin := d.unbegun
+	d.unbegun = false
+	return begin, nil
+}
+
+// ensureBegun sends the BEGIN on its own when it has not been sent: before
+// a query or a prepare, which cannot carry it.
+func (d *DeferredTx) ensureBegun(ctx context.Context) error {
+	begin, err := d.takeBegin()
+	if err != nil || !begin {
+		return err
+	}
+	if _, err := d.conn.ExecContext(ctx, "BEGIN"); err != nil {
+		err = fmt.Errorf("gormstore: begin: %w", err)
+		d.breakTx(err)
+		return err
+	}
+	return nil
+}
+
+// breakTx makes every later statement and the commit fail with err.
+func (d *DeferredTx) breakTx(err error) {
+	d.mu.Lock()
+	if d.broken == nil {
+		d.broken = err
+	}
+	d.mu.Unlock()
+}
+
+// failedContext is a canceled context, for a *sql.Row that must fail
+// without running its query (database/sql offers no other way to make
+// one): the driver refuses a done context before sending anything.
+func failedContext(ctx context.Context, err error) context.Context {
+	c, cancel := context.WithCancelCause(ctx)
+	cancel(err)
+	return c
+}
+
+// driverArgs are args as database/sql hands them to pgx's driver: named
+// arguments unwrapped (pgx takes every other value as it is).
+func driverArgs(args []any) []any {
+	cloned := false
+	for i, a := range args {
+		if na, ok := a.(sql.NamedArg); ok {
+			if !cloned {
+				args, cloned = slices.Clone(args), true
+			}
+			args[i] = na.Value
+		}
+	}
+	return args
 }
 
 // GetDBConn implements gorm.GetDBConnector: tx.DB() is the pool's *sql.DB.
@@ -303,7 +404,7 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 		return ErrTxDone
 	}
 	d.done = true
-	msgs, failed := d.pending, d.failed
+	msgs, failed, broken := d.pending, d.failed, d.broken
 	d.pending = nil
 	d.mu.Unlock()
 	defer func() {
@@ -315,6 +416,9 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 	}()
 	if failed != nil {
 		return fmt.Errorf("gormstore: outbox add before a savepoint failed, not committing: %w", failed)
+	}
+	if broken != nil {
+		return fmt.Errorf("gormstore: the transaction failed, not committing: %w", broken)
 	}
 	stmts := d.first
 	var inserted func()
@@ -331,17 +435,23 @@ func (d *DeferredTx) CommitContext(ctx context.Context) (err error) {
 		}
 		stmts, inserted = append(stmts, st), done
 	}
+	begin, err := d.takeBegin()
+	if err != nil {
+		return err
+	}
 	switch {
-	case len(stmts) == 0:
-		err = d.commitWith(ctx, "", nil, nil)
-	case len(d.first) == 0:
-		if err = d.commitWith(ctx, stmts[0].SQL, stmts[0].Args, stmts[0].Dest); err != nil {
+	case begin && len(stmts) == 0:
+		// No statement ran and no row is to be written: nothing to send.
+	case begin:
+		// No statement ran: the BEGIN goes with the rows and the COMMIT.
+		stmts = append([]Statement{{SQL: "BEGIN"}}, stmts...)
+		fallthrough
+	case inserted != nil && len(d.first) == 0:
+		if err = d.commitStatements(ctx, stmts); err != nil {
 			err = fmt.Errorf("gormstore: outbox add at commit: %w", err)
 		}
 	default:
-		err = d.conn.Raw(func(dc any) error {
-			return d.pipe.(InboxPipeliner).CommitStatements(ctx, dc, stmts)
-		})
+		err = d.commitStatements(ctx, stmts)
 	}
 	if err != nil {
 		return err
@@ -373,8 +483,15 @@ func (d *DeferredTx) Rollback() error {
 }
 
 // end rolls back (harmless when the failed COMMIT already did) and gives
-// the connection back, or drops it when the ROLLBACK failed too.
+// the connection back, or drops it when the ROLLBACK failed too. A
+// transaction that never sent its BEGIN has nothing to roll back.
 func (d *DeferredTx) end(ctx context.Context) error {
+	d.mu.Lock()
+	unbegun := d.unbegun
+	d.mu.Unlock()
+	if unbegun {
+		return d.conn.Close()
+	}
 	if _, err := d.conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
 		discard(d.conn)
 		return err
@@ -427,9 +544,10 @@ func (o *Outbox) commitInsert(msgs []*outbox.Message) (Statement, func(), error)
 	return st, done, nil
 }
 
-// commitWith runs the plugin's CommitWith on the transaction's connection.
-func (d *DeferredTx) commitWith(ctx context.Context, query string, args []any, dest func() []any) error {
+// commitStatements runs the plugin's CommitStatements on the transaction's
+// connection.
+func (d *DeferredTx) commitStatements(ctx context.Context, stmts []Statement) error {
 	return d.conn.Raw(func(dc any) error {
-		return d.pipe.CommitWith(ctx, dc, query, args, dest)
+		return d.pipe.CommitStatements(ctx, dc, stmts)
 	})
 }

@@ -63,11 +63,15 @@ func closeQuietly(db *gorm.DB) {
 	}
 }
 
-// Pipeline is the GORM plugin that lets bus.Transaction send the
-// transaction's outbox rows with its COMMIT in one round trip (see
-// gormstore.Outbox.Begin): the transaction then costs BEGIN, the caller's
-// statements and one more round trip, however many messages it publishes.
-// Open registers it; register it on a *gorm.DB opened otherwise with
+// Pipeline is the GORM plugin that lets bus.Transaction save round trips:
+// the transaction's BEGIN travels with its first Exec (a statement run
+// through tx.Exec, or GORM's Update, Delete or a Create that reads nothing
+// back), and its outbox rows with its COMMIT (see gormstore.Outbox.Begin).
+// A transaction whose first statement is an Exec then costs one round trip
+// per statement, the COMMIT riding on the last write, however many messages
+// it publishes; one whose first statement reads (a Query, a Create that
+// returns a generated key) costs one more, for the BEGIN. Open registers
+// it; register it on a *gorm.DB opened otherwise with
 // db.Use(postgresdb.Pipeline()). With it, bus.Transaction begins its
 // transactions on a connection of the *sql.DB under the database's pool,
 // not through a custom gorm.ConnPool's BeginTx.
@@ -91,14 +95,41 @@ func (pipeline) Supports(dc any) bool {
 	return ok
 }
 
-// CommitWith sends query and COMMIT as one pgx batch: one write, one Sync.
-// A failed query makes PostgreSQL skip the COMMIT.
-func (p pipeline) CommitWith(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
-	var stmts []gormstore.Statement
-	if query != "" {
-		stmts = []gormstore.Statement{{SQL: query, Args: args, Dest: dest}}
+// BeginExec sends BEGIN and query in one write. With arguments they go as
+// one pgx batch (one Sync: the BEGIN opens a transaction block that the
+// Sync leaves open); without, as one simple-protocol query "BEGIN; query",
+// which is how pgx runs an argument-less statement on its own (and which
+// allows query to hold several statements, as it does there).
+func (pipeline) BeginExec(ctx context.Context, dc any, query string, args []any) (int64, error) {
+	c, ok := dc.(pgxConn)
+	if !ok {
+		return 0, errors.New("postgresdb: not a pgx connection")
 	}
-	return p.CommitStatements(ctx, dc, stmts)
+	conn := c.Conn()
+	if len(args) == 0 {
+		mrr := conn.PgConn().Exec(ctx, "BEGIN;\n"+query)
+		var tag pgconn.CommandTag
+		for mrr.NextResult() {
+			tag, _ = mrr.ResultReader().Close()
+		}
+		if err := mrr.Close(); err != nil {
+			return 0, err
+		}
+		return tag.RowsAffected(), nil
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(query, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected(), err
 }
 
 // CommitStatements sends stmts and COMMIT as one pgx batch: one write, one
