@@ -71,6 +71,7 @@ type config struct {
 	rounds                           int
 	inbox                            endpoint.InboxMode
 	relayWorkers                     int
+	batch                            int
 	orderingPartitions, orderingKeys int
 	sagaEvents                       int
 	sagaHot                          int
@@ -117,6 +118,7 @@ func parseFlags() (*config, error) {
 	flag.IntVar(&c.rounds, "rounds", 1, "e2e: alternate baseline and e2e runs (and pg-transport runs, when selected) this many times and report medians (steadier ratios on a noisy machine)")
 	flag.StringVar(&inboxMode, "inbox", "two-phase", "inbox mode of the BareWire endpoint in e2e, fixed-rate, sweep, idle-latency and soak: two-phase (the default), single or off")
 	flag.IntVar(&c.relayWorkers, "relay-workers", 0, "outbox.Options.RelayWorkers for the BareWire pipelines (0: the default)")
+	flag.IntVar(&c.batch, "batch", 0, "endpoint.Batch.MaxMessages of the BareWire endpoints (0: the default; 1: no group commit)")
 	flag.IntVar(&c.sagaEvents, "saga-events", 10000, "saga: events per run without contention (half as many under contention)")
 	flag.IntVar(&c.orderingPartitions, "ordering-partitions", 8, "ordering: partitions of the ordered endpoint")
 	flag.IntVar(&c.orderingKeys, "ordering-keys", 100, "ordering: distinct ordering keys the producers spread messages over")

@@ -146,6 +146,9 @@ func (p *barewirePipe) options() []bus.Option {
 			e.ConcurrentMessageLimit = consumers
 			e.PrefetchCount = p.cfg.prefetch * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
 			e.Inbox = p.inbox
+			if p.cfg.batch > 0 {
+				e.Batch.MaxMessages = p.cfg.batch
+			}
 			if p.partitions > 0 {
 				e.Ordered(p.partitions)
 			}
