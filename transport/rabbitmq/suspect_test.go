@@ -210,6 +210,65 @@ func TestSuspectWindowAfterReconnect(t *testing.T) {
 	wantCopies(t, copies(t, pl, queue), msgs, 2)
 }
 
+// TestSuspectWindowDirectDeliverGivesUp: while failure signals keep coming
+// (one every few milliseconds, each opening a new window), a direct Deliver
+// sends the message once and again after each of maxSuspectRounds windows,
+// then gives up with an unavailable error in bounded time rather than
+// waiting for ever; once the signals stop, Deliver succeeds at once.
+func TestSuspectWindowDirectDeliverGivesUp(t *testing.T) {
+	const window = 150 * time.Millisecond
+	tr, pl, queue, _ := suspectSetup(t, window)
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	tr.suspect("test: the first signal")
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				tr.suspect("test: a signal")
+			}
+		}
+	}()
+	msgs := suspectMsgs(queue, 3)
+	start := time.Now()
+	errs := tr.Deliver(context.Background(), msgs)
+	took := time.Since(start)
+	close(stop)
+	<-stopped
+	for i, err := range errs {
+		if !errors.Is(err, outbox.ErrTransportUnavailable) || !strings.Contains(err.Error(), "not trusted") {
+			t.Errorf("message %d under endless signals: %v, want an unavailable error saying its confirms were not trusted", i, err)
+		}
+	}
+	// maxSuspectRounds waits of about a window each, plus the sends.
+	if limit := time.Duration(maxSuspectRounds+1)*window + 5*time.Second; took > limit {
+		t.Errorf("Deliver gave up after %v, want within %v", took, limit)
+	}
+	if took < time.Duration(maxSuspectRounds)*window {
+		t.Errorf("Deliver gave up after %v, before %d windows of %v", took, maxSuspectRounds, window)
+	}
+	wantCopies(t, copies(t, pl, queue), msgs, maxSuspectRounds+1)
+
+	// The signals have stopped: once the last window has passed, the
+	// next messages go through with one send each.
+	time.Sleep(window) // the last signal's window; the transport has no event for its end
+	more := suspectMsgs(queue+"-after", 2)
+	for i := range more {
+		more[i].Destination = "queue:" + queue
+	}
+	for i, err := range tr.Deliver(context.Background(), more) {
+		if err != nil {
+			t.Fatalf("message %d after the signals stopped: %v", i, err)
+		}
+	}
+	wantCopies(t, copies(t, pl, queue), more, 1)
+}
+
 func TestSuspectWindowConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name string
