@@ -52,17 +52,21 @@ func (c *cluster) answers(n int) bool {
 	return true
 }
 
-// waitOnline waits (up to 90 s) until every node runs a member of the
+// waitOnline waits (up to 3 minutes) until every node runs a member of the
 // quorum queue, so that the node loss the test causes is one of three
 // members, not the second of a queue whose third member is still
 // recovering (a node started just before the test, or by another run).
+// Each rabbitmqctl call may take 45 s: on a loaded machine starting its
+// Erlang VM alone took more than 20 s (a CI run found 0 of 3 members
+// online after 90 s of calls that all timed out).
 func (c *cluster) waitOnline(queue string) {
 	c.t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
+	const wait = 3 * time.Minute
+	deadline := time.Now().Add(wait)
 	online := 0
 	for {
 		for n := 1; n <= len(c.urls) && online < len(c.urls); n++ {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 			out, err := exec.CommandContext(ctx, c.script, "ctl", fmt.Sprint(n), "-q", "list_queues", "name", "online", "--no-table-headers").Output()
 			cancel()
 			if err != nil {
@@ -79,7 +83,7 @@ func (c *cluster) waitOnline(queue string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("queue %s has %d of %d members online after 90 s", queue, online, len(c.urls))
+			c.t.Fatalf("queue %s has %d of %d members online after %v", queue, online, len(c.urls), wait)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
