@@ -393,6 +393,25 @@ func TestClusterNodeLoss(t *testing.T) {
 		p50.Seconds(), maxR.Seconds(), len(reconnects), before, during, after)
 	if len(lost)+len(doubled)+len(phantom) > 0 {
 		t.Errorf("lost %v, doubled %v, phantom %v", head(lost), head(doubled), head(phantom))
+		// Where each lost message stopped: its outbox row (never relayed,
+		// or marked delivered on a broker confirm) and its inbox entry.
+		for _, id := range head(lost) {
+			var rows []struct {
+				Status      string
+				Attempts    int
+				LastError   string
+				CreatedAt   time.Time
+				DeliveredAt sql.NullTime
+			}
+			_ = db.Raw(`SELECT status, attempts, last_error, created_at, delivered_at FROM barewire_outbox WHERE message_id = ?`, id).Scan(&rows).Error
+			var entries []struct {
+				ConsumerType string
+				ProcessedAt  sql.NullTime
+				Attempts     int
+			}
+			_ = db.Raw(`SELECT consumer_type, processed_at, attempts FROM barewire_inbox WHERE message_id = ?`, id).Scan(&entries).Error
+			t.Logf("lost %s (kill at %s): outbox %+v; inbox %+v", id, killedAt.Format("15:04:05.000"), rows, entries)
+		}
 	}
 	if n := txFails.Load(); n > 0 {
 		t.Errorf("%d producer transactions failed while a node was lost; first: %s", n, *firstFail.Load())
