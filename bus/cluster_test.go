@@ -393,6 +393,11 @@ func TestClusterNodeLoss(t *testing.T) {
 		p50.Seconds(), maxR.Seconds(), len(reconnects), before, during, after)
 	if len(lost)+len(doubled)+len(phantom) > 0 {
 		t.Errorf("lost %v, doubled %v, phantom %v", head(lost), head(doubled), head(phantom))
+		// Where the queue stands: a message the broker dropped is neither
+		// ready nor unacknowledged (the list runs on node 2, which the
+		// test never kills).
+		t.Logf("queues (name, ready, unacknowledged, consumers, leader):\n%s",
+			cl.run("ctl", "2", "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers", "leader", "--no-table-headers"))
 		// Where each lost message stopped: its outbox row (never relayed,
 		// or marked delivered on a broker confirm) and its inbox entry.
 		for _, id := range head(lost) {

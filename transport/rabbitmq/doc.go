@@ -1,8 +1,8 @@
 // Package rabbitmq is the RabbitMQ transport: one AMQP connection per bus
 // with automatic reconnect, topology declared at start and after every
 // reconnect, a pipelined confirm-mode publisher for the outbox relay and a
-// subscriber whose every Subscribe call is one competing consumer of an
-// endpoint's queue. Hand New's value to bus.WithTransport; its Config
+// subscriber whose Subscribe calls are handlers of an endpoint's queue, all
+// served by one broker consumer per queue and connection. Hand New's value to bus.WithTransport; its Config
 // declares the receive endpoints (it embeds endpoint.Endpoints) and sets the
 // connection (TLS, timeouts, back-pressure, Mandatory).
 //

@@ -195,8 +195,10 @@ func TestNewValidatesURLWithoutLeakingPassword(t *testing.T) {
 }
 
 func TestPrefetchFor(t *testing.T) {
-	// Without group commit: PrefetchCount over ConcurrentMessageLimit subscriptions.
-	for _, c := range []struct{ prefetch, limit, want int }{{16, 8, 2}, {10, 4, 3}, {1, 1, 1}} {
+	// The QoS of the one consumer the handlers share: PrefetchCount over
+	// the handlers, rounded up, times the handlers. Without group commit,
+	// ConcurrentMessageLimit handlers.
+	for _, c := range []struct{ prefetch, limit, want int }{{16, 8, 16}, {10, 4, 12}, {1, 1, 1}} {
 		ep := newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) {
 			e.PrefetchCount, e.ConcurrentMessageLimit, e.Batch.MaxMessages = c.prefetch, c.limit, 1
 		})
@@ -205,14 +207,14 @@ func TestPrefetchFor(t *testing.T) {
 		}
 	}
 	// With group commit the bus subscribes BatchDeliveriesPerHandler times
-	// per slot, and they share PrefetchCount.
-	for _, c := range []struct{ prefetch, limit, want int }{{80, 5, 4}, {20, 5, 1}, {8, 8, 1}} {
+	// per slot, and each handler can hold a message.
+	for _, c := range []struct{ prefetch, limit, want int }{{80, 5, 80}, {20, 5, 20}, {8, 8, 32}} {
 		ep := newEndpoint(t, "prefetch", nil, func(e *endpoint.Endpoint) { e.PrefetchCount, e.ConcurrentMessageLimit = c.prefetch, c.limit })
 		if got := prefetchFor(ep); got != c.want {
 			t.Errorf("group commit %d/%d: %d, want %d", c.prefetch, c.limit, got, c.want)
 		}
 	}
-	if got := prefetchFor(nil); got != 1 { // PrefetchCount defaults to ConcurrentMessageLimit
-		t.Errorf("defaults: %d", got)
+	if got := prefetchFor(nil); got != 1 { // a partition or reply queue: one handler, one message
+		t.Errorf("no endpoint: %d", got)
 	}
 }

@@ -52,12 +52,13 @@ type Transport struct {
 	closed    bool
 	endpoints []*endpoint.Endpoint
 	byName    map[string]*endpoint.Endpoint
-	replies   []string               // reply queues, declared again after a reconnect
-	blocked   atomic.Pointer[string] // reason while the broker blocks publishing
-	connects  atomic.Int64           // connections made: 1 + reconnects
-	node      atomic.Int32           // index in addrs of the current (or last) connection
-	dialErr   atomic.Pointer[string] // the last failed reconnect attempt, redacted; nil once connected
-	downSince atomic.Int64           // unix nanoseconds when the connection was lost; 0 while connected
+	replies   []string                  // reply queues, declared again after a reconnect
+	consumers map[string]*queueConsumer // by queue: the one consumer its handlers share
+	blocked   atomic.Pointer[string]    // reason while the broker blocks publishing
+	connects  atomic.Int64              // connections made: 1 + reconnects
+	node      atomic.Int32              // index in addrs of the current (or last) connection
+	dialErr   atomic.Pointer[string]    // the last failed reconnect attempt, redacted; nil once connected
+	downSince atomic.Int64              // unix nanoseconds when the connection was lost; 0 while connected
 
 	// The suspect window (Config.SuspectWindow): lastSignal is the time of
 	// the latest failure signal, as nanoseconds since epoch plus one (0:
@@ -141,6 +142,7 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.ready = make(chan struct{})
 	t.byName = map[string]*endpoint.Endpoint{}
+	t.consumers = map[string]*queueConsumer{}
 	t.exchanges = map[string]bool{}
 	return t, nil
 }

@@ -1097,3 +1097,118 @@ func TestAckAfterNackIsNotTrusted(t *testing.T) {
 		t.Errorf("%d publish slots still taken", len(p.sem))
 	}
 }
+
+// TestHandlersShareOneConsumer: the handlers of a queue (Subscribe calls,
+// through one subscriber or several) share one broker consumer whose QoS
+// lets every handler hold a message at once; the consumer stays while any
+// handler does and goes with the last one. One consumer per process, not
+// one per handler, leaves a quorum queue whose lost node returns one dead
+// consumer per process to hand messages to, not one per handler
+// (docs/guarantees.md, known defects). Checked to fail on the consumer per
+// handler: 4 consumers.
+func TestHandlersShareOneConsumer(t *testing.T) {
+	pl := newPlain(t)
+	queue := uniq("shared")
+	pl.cleanupQueues(queue, wire.ErrorQueue(queue))
+	ep := newEndpoint(t, queue, nil, func(e *endpoint.Endpoint) {
+		e.PrefetchCount, e.ConcurrentMessageLimit, e.Batch.MaxMessages = 4, 4, 1
+	})
+	tr := startTransport(t, nil, ep)
+
+	consumers := func() int {
+		t.Helper()
+		q, err := pl.ch().QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("inspect %s: %v", queue, err)
+		}
+		return q.Consumers
+	}
+	waitConsumers := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for consumers() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("queue %s has %d consumers, want %d", queue, consumers(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	subs := []message.Subscriber{tr.Subscriber(), tr.Subscriber()}
+	ctxs := make([]context.CancelFunc, 4)
+	outs := make([]<-chan *message.Message, 4)
+	for i := range outs {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		out, err := subs[i%2].Subscribe(ctx, queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctxs[i], outs[i] = cancel, out
+	}
+	waitConsumers(1)
+
+	deliver := func(ids ...string) {
+		t.Helper()
+		msgs := make([]*outbox.Message, len(ids))
+		for i, id := range ids {
+			msgs[i] = &outbox.Message{MessageID: id, Destination: "queue:" + queue, Payload: []byte("x")}
+		}
+		for i, err := range tr.Deliver(context.Background(), msgs) {
+			if err != nil {
+				t.Fatalf("message %s: %v", ids[i], err)
+			}
+		}
+	}
+	deliver("s-1", "s-2", "s-3", "s-4")
+	// Every handler holds one message at once (none acked yet): the
+	// shared consumer's QoS covers all four.
+	held := make([]*message.Message, 4)
+	for i, out := range outs {
+		select {
+		case held[i] = <-out:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("handler %d got no message while the others held theirs", i)
+		}
+	}
+	if n := consumers(); n != 1 {
+		t.Errorf("%d consumers with four handlers busy, want 1", n)
+	}
+	for _, m := range held {
+		m.Ack()
+	}
+
+	// Three handlers leave: the fourth still gets messages on the same
+	// consumer.
+	for _, cancel := range ctxs[:3] {
+		cancel()
+	}
+	for _, out := range outs[:3] {
+		for range out { // closed once the handler has left
+		}
+	}
+	if n := consumers(); n != 1 {
+		t.Errorf("%d consumers with one handler left, want 1", n)
+	}
+	deliver("s-5")
+	select {
+	case m := <-outs[3]:
+		if m.UUID != "s-5" {
+			t.Errorf("got %q, want s-5", m.UUID)
+		}
+		m.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the last handler got nothing")
+	}
+
+	// The last one leaves: the consumer goes, and a message sent then
+	// stays in the queue.
+	ctxs[3]()
+	for range outs[3] {
+	}
+	waitConsumers(0)
+	deliver("s-6")
+	if n := pl.count(queue); n != 1 {
+		t.Errorf("%d messages ready after every handler left, want 1", n)
+	}
+}

@@ -66,10 +66,11 @@ func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
 }
 
 // Subscriber returns a new message.Subscriber on this transport. Each
-// Subscribe call on it is one competing consumer of a queue (the topic is the
-// endpoint's, hence the queue's, name) on its own channel. Closing the
-// subscriber stops only the subscriptions made through it; closing the
-// transport stops all of them.
+// Subscribe call on it is one handler of a queue (the topic is the
+// endpoint's, hence the queue's, name). All the handlers of one queue on a
+// transport share one broker consumer on one channel (see queueConsumer).
+// Closing the subscriber stops only the subscriptions made through it;
+// closing the transport stops all of them.
 func (t *Transport) Subscriber() message.Subscriber {
 	return &subscriber{t: t, subs: transport.NewSubscriptions(t.ctx, "rabbitmq")}
 }
@@ -79,33 +80,40 @@ type subscriber struct {
 	subs *transport.Subscriptions
 }
 
-// prefetchFor divides an endpoint's PrefetchCount across its concurrent
-// handlers (one subscription each; BatchDeliveriesPerHandler per slot with
-// group commit), rounding up, at least 1.
+// prefetchFor is the QoS of the consumer an endpoint's handlers share: the
+// endpoint's PrefetchCount divided over its handlers (ConcurrentMessageLimit
+// of them, BatchDeliveriesPerHandler times that with group commit), rounded
+// up, at least 1 each, times the handlers. Every handler can thus hold a
+// message, and none holds a second one that another handler could take. A
+// queue of no endpoint (a partition of an ordered endpoint, a reply queue)
+// has one handler, with one message at a time.
 func prefetchFor(ep *endpoint.Endpoint) int {
+	if ep == nil {
+		return 1
+	}
 	limit := endpoint.DefaultConcurrentMessageLimit
-	if ep != nil && ep.ConcurrentMessageLimit > 0 {
+	if ep.ConcurrentMessageLimit > 0 {
 		limit = ep.ConcurrentMessageLimit
 	}
 	prefetch := limit
-	if ep != nil && ep.PrefetchCount > 0 {
+	if ep.PrefetchCount > 0 {
 		prefetch = ep.PrefetchCount
 	}
-	if ep != nil && ep.BatchEnabled() {
+	if ep.BatchEnabled() {
 		// The bus subscribes BatchDeliveriesPerHandler times per slot
 		// (group commit): the endpoint's PrefetchCount is shared by all.
 		limit *= endpoint.BatchDeliveriesPerHandler
 	}
-	return max(1, (prefetch+limit-1)/limit)
+	return limit * max(1, (prefetch+limit-1)/limit)
 }
 
-// Subscribe starts one consumer of queue. Messages come one at a time: the
+// Subscribe starts one handler of queue. Messages come one at a time: the
 // next is sent after the previous one is acked (basic.ack) or nacked
 // (basic.nack with requeue). The output channel is closed when ctx is done
 // or the subscriber is closed, after the message handed out (if any) has
 // its verdict, which is then applied; closing the transport requeues it
-// without waiting. Broker connection losses are survived:
-// the consumer resumes on a new channel after the reconnect.
+// without waiting. Broker connection losses are survived: the queue's
+// consumer resumes on a new channel after the reconnect.
 func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
 	t := s.t
 	var ep *endpoint.Endpoint
@@ -123,14 +131,9 @@ func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 		return t.wg.Done, nil
 	}
 	return s.subs.Start(ctx, queue, admit, func(ctx context.Context, out chan<- *message.Message) {
-		sub := &subscription{
-			t:        t,
-			queue:    queue,
-			prefetch: prefetchFor(ep),
-			out:      out,
-			log:      t.log.With(slog.String("queue", queue)),
-		}
-		sub.run(ctx)
+		qc := t.attach(queue, ep)
+		defer t.detach(qc)
+		qc.serve(ctx, out)
 	})
 }
 
@@ -138,34 +141,105 @@ func (s *subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 // them to finish.
 func (s *subscriber) Close() error { return s.subs.Close() }
 
-type subscription struct {
+// queueConsumer is the one broker consumer of a queue on this transport,
+// shared by every handler (Subscribe call) of the queue: it reads the
+// deliveries of its channel and hands each to whichever handler is free.
+//
+// One consumer per queue and process, not one per handler: a quorum queue
+// (RabbitMQ 3.10) keeps the consumers of channels that died with a node as
+// "suspected down" and makes them active again when the node's Erlang
+// distribution comes back, before it finds their processes gone, handing
+// them messages that come back with a raised delivery count, and some that
+// never come back (docs/guarantees.md, known defects: with one consumer per
+// handler, 64 on the dead node, TestClusterNodeLoss lost messages in 5 of
+// 18 runs; with one per process, in none of 10). It is also one channel
+// and one QoS for the broker to serve instead of one per handler.
+type queueConsumer struct {
 	t        *Transport
 	queue    string
 	prefetch int
-	out      chan<- *message.Message
 	log      *slog.Logger
+	work     chan *amqp.Delivery // to the handlers; unbuffered
+	users    int                 // attached handlers; t.mu
+	cancel   context.CancelFunc  // stops run once the last handler has left
+	done     chan struct{}       // closed when run has returned
 }
 
-func (s *subscription) run(ctx context.Context) {
+// attach returns the consumer of queue, started by its first handler.
+func (t *Transport) attach(queue string, ep *endpoint.Endpoint) *queueConsumer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if qc := t.consumers[queue]; qc != nil {
+		qc.users++
+		return qc
+	}
+	// Not ended by the transport's close: the handlers are (through their
+	// subscriptions), and they settle what they hold on this channel first.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.ctx))
+	qc := &queueConsumer{
+		t: t, queue: queue, prefetch: prefetchFor(ep),
+		log:  t.log.With(slog.String("queue", queue)),
+		work: make(chan *amqp.Delivery), users: 1, cancel: cancel, done: make(chan struct{}),
+	}
+	t.consumers[queue] = qc
+	go func() {
+		defer close(qc.done)
+		qc.run(ctx)
+	}()
+	return qc
+}
+
+// detach ends a handler's use of qc; the last one stops the consumer and
+// waits until its channel is closed (the broker requeues what it
+// prefetched).
+func (t *Transport) detach(qc *queueConsumer) {
+	t.mu.Lock()
+	qc.users--
+	last := qc.users == 0
+	if last && t.consumers[qc.queue] == qc {
+		delete(t.consumers, qc.queue)
+	}
+	t.mu.Unlock()
+	if last {
+		qc.cancel()
+		<-qc.done
+	}
+}
+
+// serve is one handler: it takes deliveries from the consumer until ctx
+// is done.
+func (qc *queueConsumer) serve(ctx context.Context, out chan<- *message.Message) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d := <-qc.work:
+			qc.handle(ctx, d, out)
+		}
+	}
+}
+
+// run keeps the consumer going across reconnects until ctx is done.
+func (qc *queueConsumer) run(ctx context.Context) {
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     100 * time.Millisecond,
 		RandomizationFactor: 0.3,
 		Multiplier:          2,
-		MaxInterval:         s.t.cfg.ReconnectMaxInterval,
+		MaxInterval:         qc.t.cfg.ReconnectMaxInterval,
 	}
 	b.Reset()
 	for {
-		conn, err := s.t.waitConn(ctx)
+		conn, err := qc.t.waitConn(ctx)
 		if err != nil {
 			return
 		}
-		err = s.consume(ctx, conn, b.Reset)
+		err = qc.consume(ctx, conn, b.Reset)
 		if ctx.Err() != nil {
 			return
 		}
-		wait := min(b.NextBackOff(), s.t.cfg.ReconnectMaxInterval)
-		s.log.Warn("rabbitmq consumer interrupted, resuming",
-			slog.String("error", s.t.secret.scrub(err.Error())), slog.Duration("retry_in", wait))
+		wait := min(b.NextBackOff(), qc.t.cfg.ReconnectMaxInterval)
+		qc.log.Warn("rabbitmq consumer interrupted, resuming",
+			slog.String("error", qc.t.secret.scrub(err.Error())), slog.Duration("retry_in", wait))
 		select {
 		case <-ctx.Done():
 			return
@@ -174,23 +248,24 @@ func (s *subscription) run(ctx context.Context) {
 	}
 }
 
-// consume runs one consumer on a fresh channel until ctx is done (nil) or
-// the channel or consumer ends (an error).
-func (s *subscription) consume(ctx context.Context, conn *amqp.Connection, started func()) error {
+// consume runs the consumer on a fresh channel until ctx is done (nil) or
+// the channel or consumer ends (an error), handing each delivery to a free
+// handler.
+func (qc *queueConsumer) consume(ctx context.Context, conn *amqp.Connection, started func()) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Qos(s.prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch %d: %w", s.prefetch, err)
+	if err := ch.Qos(qc.prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch %d: %w", qc.prefetch, err)
 	}
-	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
+	deliveries, err := ch.Consume(qc.queue, "", false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("consume queue %q: %w", s.queue, err)
+		return fmt.Errorf("consume queue %q: %w", qc.queue, err)
 	}
 	started()
-	s.log.Debug("rabbitmq consumer started", slog.Int("prefetch", s.prefetch))
+	qc.log.Debug("rabbitmq consumer started", slog.Int("prefetch", qc.prefetch))
 	for {
 		select {
 		case <-ctx.Done():
@@ -200,45 +275,52 @@ func (s *subscription) consume(ctx context.Context, conn *amqp.Connection, start
 				if ch.IsClosed() {
 					return errors.New("channel closed")
 				}
-				return fmt.Errorf("broker cancelled the consumer of queue %q (queue deleted?)", s.queue)
+				return fmt.Errorf("broker cancelled the consumer of queue %q (queue deleted?)", qc.queue)
 			}
-			if err := s.handle(ctx, &d); err != nil {
-				return err
+			select {
+			case qc.work <- &d:
+			case <-ctx.Done():
+				// Every handler has left: not handed out, so back to
+				// the queue (the channel's close would requeue it too).
+				_ = d.Nack(false, true)
+				return nil
 			}
 		}
 	}
 }
 
-// handle hands one delivery to the router and settles it with the broker.
-// It returns nil unless settling failed on a broken channel.
+// handle hands one delivery to the router through out and settles it with
+// the broker. A failed settle is logged: the channel it came on is gone and
+// the broker redelivers the message (the consumer notices the channel's end
+// itself).
 //
 // Stopping the subscription (ctx: the router closing, bus.Stop) drains: a
 // delivery not yet handed out is requeued, one handed out keeps running
 // and is settled by its verdict; the caller then returns and the channel's
 // close requeues whatever the broker prefetched. Closing the transport
 // (Stop's deadline passed) cancels the handler and requeues at once.
-func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
+func (qc *queueConsumer) handle(ctx context.Context, d *amqp.Delivery, out chan<- *message.Message) {
 	msg := fromDelivery(d)
-	mctx, cancel := context.WithCancel(s.t.ctx)
+	mctx, cancel := context.WithCancel(qc.t.ctx)
 	defer cancel()
 	msg.SetContext(mctx)
 
 	requeue := func() {
 		if err := d.Nack(false, true); err != nil {
-			s.log.Debug("rabbitmq nack on shutdown failed; the broker requeues unacked messages when the channel closes",
+			qc.log.Debug("rabbitmq nack on shutdown failed; the broker requeues unacked messages when the channel closes",
 				slog.String("message_id", msg.UUID), slog.String("error", err.Error()))
 		}
 	}
 	// A stop wins over a ready receiver: no delivery starts after it.
 	if ctx.Err() != nil {
 		requeue()
-		return nil
+		return
 	}
 	select {
-	case s.out <- msg:
+	case out <- msg:
 	case <-ctx.Done():
 		requeue()
-		return nil
+		return
 	}
 	var err error
 	select {
@@ -246,19 +328,17 @@ func (s *subscription) handle(ctx context.Context, d *amqp.Delivery) error {
 		err = d.Ack(false)
 	case <-msg.Nacked():
 		err = d.Nack(false, true)
-	case <-s.t.ctx.Done():
+	case <-qc.t.ctx.Done():
 		select {
 		case <-msg.Acked(): // acked just as we were closed: keep the ack
 			_ = d.Ack(false)
 		default:
 			requeue()
 		}
-		return nil
+		return
 	}
 	if err != nil {
-		s.log.Warn("rabbitmq settle failed; the broker will redeliver the message",
-			slog.String("message_id", msg.UUID), slog.String("error", s.t.secret.scrub(err.Error())))
-		return fmt.Errorf("settle message %q: %w", msg.UUID, err)
+		qc.log.Warn("rabbitmq settle failed; the broker will redeliver the message",
+			slog.String("message_id", msg.UUID), slog.String("error", qc.t.secret.scrub(err.Error())))
 	}
-	return nil
 }
