@@ -3,6 +3,7 @@ package gormstore_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 
 	"gorm.io/gorm"
@@ -117,6 +118,52 @@ func TestDeferredRollbackAfterFirstExec(t *testing.T) {
 	}
 	if n := count(t, db, "SELECT count(*) FROM "+business); n != 0 {
 		t.Fatalf("%d business rows after rollback, want 0", n)
+	}
+}
+
+// A statement prepared first (GORM's PrepareStmt, database/sql's Prepare)
+// runs inside the transaction: the pending BEGIN goes before the prepare,
+// so a rollback undoes what the prepared statement did, and a commit keeps
+// it with the transaction's outbox rows.
+func TestDeferredPrepareFirst(t *testing.T) {
+	s, db, business := deferredSetup(t)
+	ctx := context.Background()
+	for _, commit := range []bool{false, true} {
+		tx, err := s.Outbox().Begin(ctx, db)
+		if err != nil || tx == nil {
+			t.Fatalf("Begin = %v, %v", tx, err)
+		}
+		d := gormstore.DeferredOf(tx)
+		stmt, err := d.PrepareContext(ctx, "INSERT INTO "+business+" (id) VALUES ($1)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("prepared-%v", commit)
+		if _, err := stmt.ExecContext(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("out-"+id, "Out")}); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = d.CommitContext(ctx)
+		} else {
+			err = d.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = stmt.Close()
+		want := int64(0)
+		if commit {
+			want = 1
+		}
+		if n := count(t, db, "SELECT count(*) FROM "+business+" WHERE id = ?", id); n != want {
+			t.Errorf("commit %v: %d business rows, want %d", commit, n, want)
+		}
+		if n := count(t, db, "SELECT count(*) FROM "+s.TablePrefix()+"outbox WHERE message_id = ?", "out-"+id); n != want {
+			t.Errorf("commit %v: %d outbox rows, want %d", commit, n, want)
+		}
 	}
 }
 
