@@ -136,24 +136,28 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 	return nil
 }
 
-func (p *barewirePipe) options() []bus.Option {
+// configure sets up the pipeline's receive endpoint from the flags
+// (-consumers, -prefetch, -inbox, -batch) and the scenario (partitions).
+func (p *barewirePipe) configure(e *endpoint.Endpoint) {
 	consumers := p.cfg.consumers
+	e.ConcurrentMessageLimit = consumers
+	e.PrefetchCount = p.cfg.prefetch * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
+	e.Inbox = p.inbox
+	if p.cfg.batch > 0 {
+		e.Batch.MaxMessages = p.cfg.batch
+	}
+	if p.partitions > 0 {
+		e.Ordered(p.partitions)
+	}
+	endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
+}
+
+func (p *barewirePipe) options() []bus.Option {
 	declare := func(c *endpoint.Endpoints) {
 		if p.noConsumer {
 			return
 		}
-		c.ReceiveEndpoint(p.queue, func(e *endpoint.Endpoint) {
-			e.ConcurrentMessageLimit = consumers
-			e.PrefetchCount = p.cfg.prefetch * consumers // RabbitMQ only; the PostgreSQL transport claims one row per consumer
-			e.Inbox = p.inbox
-			if p.cfg.batch > 0 {
-				e.Batch.MaxMessages = p.cfg.batch
-			}
-			if p.partitions > 0 {
-				e.Ordered(p.partitions)
-			}
-			endpoint.Consumer(e, p.consume, endpoint.AsMessageType(p.typ))
-		})
+		c.ReceiveEndpoint(p.queue, p.configure)
 	}
 	opts := []bus.Option{
 		bus.WithLogger(benchLogger()),
