@@ -50,6 +50,18 @@ type PhaseLatency struct {
 	Samples int64
 	// P50 is reported only; P99 is judged.
 	P50, P99 time.Duration
+	// Slowest lists the phase's slowest effects, slowest first (reported
+	// only: when the p99 bound fails, what was slow and when).
+	Slowest []SlowEffect
+}
+
+// SlowEffect is one slow good effect: its message's insert time, the
+// endpoint and process that applied it, on which attempt, and its latency.
+type SlowEffect struct {
+	MessageID, Endpoint, Instance string
+	Attempt                       int
+	Produced                      time.Time
+	Latency                       time.Duration
 }
 
 // PoisonObservations is everything the poison checker judges, read from
@@ -283,6 +295,13 @@ func (r *PoisonReport) Lines() []string {
 	}
 	for _, l := range r.Latency {
 		out = append(out, fmt.Sprintf("  good latency %-12s p50 %8v, p99 %8v over %d effects", l.Phase, l.P50.Round(time.Millisecond), l.P99.Round(time.Millisecond), l.Samples))
+		if len(l.Slowest) > 0 {
+			var slow []string
+			for _, e := range l.Slowest {
+				slow = append(slow, fmt.Sprintf("%s %v %s@%s#%d", e.Produced.UTC().Format("15:04:05.000"), e.Latency.Round(time.Millisecond), e.Endpoint, e.Instance, e.Attempt))
+			}
+			out = append(out, "    slowest (inserted, latency, endpoint@process#attempt): "+strings.Join(slow, "; "))
+		}
 	}
 	out = append(out, fmt.Sprintf("  p99 ratio %.2f (poison %v / baselines' mean %v); good dead-lettered %d; reconnects %d",
 		r.Ratio, r.PoisonP99.Round(time.Millisecond), r.BaselineP99.Round(time.Millisecond), r.GoodDeadLetters, r.Reconnects))

@@ -166,3 +166,21 @@ func TestPoisonCheckerParked(t *testing.T) {
 		t.Fatalf("a parked row without a reason passed: %q", f)
 	}
 }
+
+// TestPoisonReportListsSlowest: the report names each phase's slowest
+// effects (insert time, latency, endpoint, process, attempt), so that a
+// failed p99 bound says what was slow and when.
+func TestPoisonReportListsSlowest(t *testing.T) {
+	o := cleanPoison()
+	at := time.Date(2026, 1, 1, 12, 0, 5, 250_000_000, time.UTC)
+	o.Latency[1].Slowest = []reliability.SlowEffect{
+		{MessageID: "m-1", Endpoint: "ledger", Instance: "consumer-2", Attempt: 1, Produced: at, Latency: 705 * time.Millisecond},
+	}
+	lines := strings.Join(reliability.EvaluatePoison(o).Lines(), "\n")
+	if want := "12:00:05.250 705ms ledger@consumer-2#1"; !strings.Contains(lines, want) {
+		t.Errorf("report lacks %q:\n%s", want, lines)
+	}
+	if strings.Count(lines, "slowest (inserted") != 1 {
+		t.Errorf("want one slowest line (only the phase that has some):\n%s", lines)
+	}
+}

@@ -154,7 +154,24 @@ func (r *run) checkPoison(ctx context.Context) (*PoisonReport, error) {
 FROM `+n.Table(workload.TableEffects)+` e JOIN `+n.Table(workload.TableProduced)+` p ON p.message_id = e.message_id WHERE p.phase = ?`, ph.Name).Scan(&l).Error; err != nil {
 			return nil, fmt.Errorf("reliability: latency of phase %s: %w", ph.Name, err)
 		}
-		o.Latency = append(o.Latency, PhaseLatency{Phase: ph.Name, Samples: l.N, P50: time.Duration(l.P50 * float64(time.Second)), P99: time.Duration(l.P99 * float64(time.Second))})
+		var slow []struct {
+			MessageID, Endpoint, Instance string
+			Attempt                       int
+			Produced                      time.Time
+			Secs                          float64
+		}
+		if err := db.Raw(`SELECT p.message_id, e.endpoint, e.instance, e.attempt, p.created_at AS produced,
+    extract(epoch FROM e.created_at - p.created_at) AS secs
+FROM `+n.Table(workload.TableEffects)+` e JOIN `+n.Table(workload.TableProduced)+` p ON p.message_id = e.message_id
+WHERE p.phase = ? ORDER BY secs DESC LIMIT 8`, ph.Name).Scan(&slow).Error; err != nil {
+			return nil, fmt.Errorf("reliability: slowest effects of phase %s: %w", ph.Name, err)
+		}
+		pl := PhaseLatency{Phase: ph.Name, Samples: l.N, P50: time.Duration(l.P50 * float64(time.Second)), P99: time.Duration(l.P99 * float64(time.Second))}
+		for _, e := range slow {
+			pl.Slowest = append(pl.Slowest, SlowEffect{MessageID: e.MessageID, Endpoint: e.Endpoint, Instance: e.Instance,
+				Attempt: e.Attempt, Produced: e.Produced, Latency: time.Duration(e.Secs * float64(time.Second))})
+		}
+		o.Latency = append(o.Latency, pl)
 	}
 	var errQueues []string
 	for _, q := range n.Queues() {
