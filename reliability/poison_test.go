@@ -184,3 +184,19 @@ func TestPoisonReportListsSlowest(t *testing.T) {
 		t.Errorf("want one slowest line (only the phase that has some):\n%s", lines)
 	}
 }
+
+// TestPoisonBoundsPerPreset: poison-short judges good traffic's p99 at 5x
+// the baselines' mean, 12x on the push-subscription presets (wmnats,
+// wmredis), whose handlers can hold a good message behind a retrying
+// poison one (docs/guarantees.md, the Watermill presets).
+func TestPoisonBoundsPerPreset(t *testing.T) {
+	want := map[string]float64{reliability.TransportWMAMQP: 5, reliability.TransportWMNATS: 12, reliability.TransportWMRedis: 12}
+	for _, tr := range reliability.WatermillTransports {
+		if got := reliability.ForWatermill(reliability.PoisonShortProfile(), tr).Poison.P99Ratio; got != want[tr] {
+			t.Errorf("%s poison-short: p99 bound %v, want %v", tr, got, want[tr])
+		}
+		if got := reliability.ForWatermill(reliability.PoisonProfile(), tr).Poison.P99Ratio; got != 2 {
+			t.Errorf("%s poison (long): p99 bound %v, want 2", tr, got)
+		}
+	}
+}
