@@ -152,7 +152,7 @@ func (s *subscriber) Close() error { return s.subs.Close() }
 // them messages that come back with a raised delivery count, and some that
 // never come back (docs/guarantees.md, known defects: with one consumer per
 // handler, 64 on the dead node, TestClusterNodeLoss lost messages in 5 of
-// 18 runs; with one per process, in none of 10). It is also one channel
+// 18 runs; with one per process, in none of 22). It is also one channel
 // and one QoS for the broker to serve instead of one per handler.
 type queueConsumer struct {
 	t        *Transport
