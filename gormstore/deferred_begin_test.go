@@ -45,10 +45,7 @@ func TestDeferredBeginRoundTrips(t *testing.T) {
 			ctx := context.Background()
 			for i, id := range []string{"warm-1", "warm-2", "m"} { // pgx prepares a statement on its first use
 				before := w.n.Load()
-				tx, err := s.Outbox().Begin(ctx, db)
-				if err != nil || tx == nil {
-					t.Fatalf("Begin = %v, %v", tx, err)
-				}
+				tx := beginDeferred(t, s, db)
 				if err := c.run(tx, business, id); err != nil {
 					t.Fatal(err)
 				}
@@ -78,13 +75,11 @@ func TestDeferredEmptyTransactionSendsNothing(t *testing.T) {
 	ctx := context.Background()
 	for _, commit := range []bool{true, false} {
 		before := w.n.Load()
-		tx, err := s.Outbox().Begin(ctx, db)
-		if err != nil || tx == nil {
-			t.Fatalf("Begin = %v, %v", tx, err)
-		}
+		tx := beginDeferred(t, s, db)
 		d := gormstore.DeferredOf(tx)
 		ran := false
 		d.AfterCommit(func() { ran = true })
+		var err error
 		if commit {
 			err = d.CommitContext(ctx)
 		} else {
@@ -105,11 +100,7 @@ func TestDeferredEmptyTransactionSendsNothing(t *testing.T) {
 // A rollback after the first Exec (which carried the BEGIN) undoes it.
 func TestDeferredRollbackAfterFirstExec(t *testing.T) {
 	s, db, business := deferredSetup(t)
-	ctx := context.Background()
-	tx, err := s.Outbox().Begin(ctx, db)
-	if err != nil || tx == nil {
-		t.Fatalf("Begin = %v, %v", tx, err)
-	}
+	tx := beginDeferred(t, s, db)
 	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "a").Error; err != nil {
 		t.Fatal(err)
 	}
@@ -129,10 +120,7 @@ func TestDeferredPrepareFirst(t *testing.T) {
 	s, db, business := deferredSetup(t)
 	ctx := context.Background()
 	for _, commit := range []bool{false, true} {
-		tx, err := s.Outbox().Begin(ctx, db)
-		if err != nil || tx == nil {
-			t.Fatalf("Begin = %v, %v", tx, err)
-		}
+		tx := beginDeferred(t, s, db)
 		d := gormstore.DeferredOf(tx)
 		stmt, err := d.PrepareContext(ctx, "INSERT INTO "+business+" (id) VALUES ($1)")
 		if err != nil {
@@ -175,10 +163,7 @@ func TestDeferredFirstExecFails(t *testing.T) {
 	if err := db.Exec("INSERT INTO "+business+" (id) VALUES (?)", "taken").Error; err != nil {
 		t.Fatal(err)
 	}
-	tx, err := s.Outbox().Begin(ctx, db)
-	if err != nil || tx == nil {
-		t.Fatalf("Begin = %v, %v", tx, err)
-	}
+	tx := beginDeferred(t, s, db)
 	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "taken").Error; err == nil {
 		t.Fatal("duplicate key: no error")
 	}
@@ -198,10 +183,7 @@ func TestDeferredFirstExecFails(t *testing.T) {
 		t.Errorf("%d outbox rows, want 0", n)
 	}
 	// The pool is usable: a new transaction commits.
-	tx, err = s.Outbox().Begin(ctx, db)
-	if err != nil || tx == nil {
-		t.Fatalf("Begin = %v, %v", tx, err)
-	}
+	tx = beginDeferred(t, s, db)
 	if err := tx.Exec("INSERT INTO "+business+" (id) VALUES (?)", "next").Error; err != nil {
 		t.Fatal(err)
 	}
@@ -235,10 +217,7 @@ func TestDeferredBeginNotSentLaterStatementsFail(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			tx, err := s.Outbox().Begin(ctx, db)
-			if err != nil || tx == nil {
-				t.Fatalf("Begin = %v, %v", tx, err)
-			}
+			tx := beginDeferred(t, s, db)
 			if err := first(tx); err == nil {
 				t.Fatal("a statement on a done context succeeded")
 			}
@@ -263,10 +242,7 @@ func TestDeferredBeginNotSentLaterStatementsFail(t *testing.T) {
 func TestDeferredFirstExecNamedArgument(t *testing.T) {
 	s, db, business := deferredSetup(t)
 	ctx := context.Background()
-	tx, err := s.Outbox().Begin(ctx, db)
-	if err != nil || tx == nil {
-		t.Fatalf("Begin = %v, %v", tx, err)
-	}
+	tx := beginDeferred(t, s, db)
 	res := tx.Exec("INSERT INTO "+business+" (id) VALUES (@id)", sql.Named("id", "named"))
 	if res.Error != nil {
 		t.Fatal(res.Error)

@@ -52,6 +52,17 @@ func deferredSetup(t *testing.T) (*gormstore.Store, *gorm.DB, string) {
 	return s, db, business
 }
 
+// beginDeferred starts a producer transaction of Outbox.Begin (the
+// deferred one: PostgreSQL with the Pipeline plugin).
+func beginDeferred(t *testing.T, s *gormstore.Store, db *gorm.DB) *gorm.DB {
+	t.Helper()
+	tx, err := s.Outbox().Begin(context.Background(), db)
+	if err != nil || gormstore.DeferredOf(tx) == nil {
+		t.Fatalf("Begin = %v, %v; want a deferred transaction", tx, err)
+	}
+	return tx
+}
+
 func count(t *testing.T, db *gorm.DB, q string, args ...any) int64 {
 	t.Helper()
 	var n int64
@@ -213,10 +224,7 @@ func TestDeferredCommitOfFailedTransaction(t *testing.T) {
 	s, db, business := deferredSetup(t)
 	ctx := context.Background()
 	for _, withMsg := range []bool{false, true} {
-		tx, err := s.Outbox().Begin(ctx, db)
-		if err != nil || tx == nil {
-			t.Fatalf("Begin: %v, %v", tx, err)
-		}
+		tx := beginDeferred(t, s, db)
 		t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() })       // a failed test must not leave it open: the tables are dropped
 		_ = tx.Exec("INSERT INTO " + business + " (nope) VALUES (1)").Error // fails: no such column
 		if withMsg {
@@ -236,10 +244,7 @@ func TestDeferredCommitOfFailedTransaction(t *testing.T) {
 func TestDeferredRollback(t *testing.T) {
 	s, db, _ := deferredSetup(t)
 	ctx := context.Background()
-	tx, err := s.Outbox().Begin(ctx, db)
-	if err != nil || tx == nil {
-		t.Fatalf("Begin: %v, %v", tx, err)
-	}
+	tx := beginDeferred(t, s, db)
 	t.Cleanup(func() { _ = gormstore.DeferredOf(tx).Rollback() }) // a failed test must not leave it open: the tables are dropped
 	if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("r", "T")}); err != nil {
 		t.Fatal(err)
