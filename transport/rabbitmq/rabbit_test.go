@@ -1135,7 +1135,7 @@ func TestHandlersShareOneConsumer(t *testing.T) {
 	}
 
 	subs := []message.Subscriber{tr.Subscriber(), tr.Subscriber()}
-	ctxs := make([]context.CancelFunc, 4)
+	cancels := make([]context.CancelFunc, 4)
 	outs := make([]<-chan *message.Message, 4)
 	for i := range outs {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -1144,7 +1144,7 @@ func TestHandlersShareOneConsumer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctxs[i], outs[i] = cancel, out
+		cancels[i], outs[i] = cancel, out
 	}
 	waitConsumers(1)
 
@@ -1180,7 +1180,7 @@ func TestHandlersShareOneConsumer(t *testing.T) {
 
 	// Three handlers leave: the fourth still gets messages on the same
 	// consumer.
-	for _, cancel := range ctxs[:3] {
+	for _, cancel := range cancels[:3] {
 		cancel()
 	}
 	for _, out := range outs[:3] {
@@ -1203,7 +1203,7 @@ func TestHandlersShareOneConsumer(t *testing.T) {
 
 	// The last one leaves: the consumer goes, and a message sent then
 	// stays in the queue.
-	ctxs[3]()
+	cancels[3]()
 	for range outs[3] {
 	}
 	waitConsumers(0)

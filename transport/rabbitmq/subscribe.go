@@ -83,10 +83,12 @@ type subscriber struct {
 // prefetchFor is the QoS of the consumer an endpoint's handlers share: the
 // endpoint's PrefetchCount divided over its handlers (ConcurrentMessageLimit
 // of them, BatchDeliveriesPerHandler times that with group commit), rounded
-// up, at least 1 each, times the handlers. Every handler can thus hold a
-// message, and none holds a second one that another handler could take. A
-// queue of no endpoint (a partition of an ordered endpoint, a reply queue)
-// has one handler, with one message at a time.
+// up, at least 1 each, times the handlers: every handler can hold a
+// message, and what the broker pushed beyond that waits for whichever
+// handler is free first. It counts the handlers the bus subscribes (its
+// router adds that many); a caller that subscribes fewer gets the same QoS.
+// A queue of no endpoint (a partition of an ordered endpoint, a reply
+// queue) has one handler, with one message at a time.
 func prefetchFor(ep *endpoint.Endpoint) int {
 	if ep == nil {
 		return 1
