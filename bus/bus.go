@@ -358,6 +358,14 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 	if n, ok := b.outboxSt.(outbox.Notifier); ok && b.db.Dialector.Name() == "postgres" {
 		b.relay.Notifier = n
 	}
+	if _, ok := b.tr.(transport.TxDeliverer); ok {
+		// The transport writes to a database (the PostgreSQL transport:
+		// the store's own): a batch held in an open transaction would keep
+		// a pool connection while the delivery waits for another, and with
+		// a pool no larger than RelayWorkers every worker would wait
+		// forever. Its batches are leased instead.
+		b.relay.Store = leasedOnly{b.outboxSt}
+	}
 	b.relay.Transport = &responseDropper{b: b, next: b.relay.Transport}
 	b.instrumentRelay(b.relay)
 	b.wakeRelay.Store(b.relay)
@@ -491,3 +499,7 @@ func watermillLogger(l *slog.Logger) watermill.LoggerAdapter {
 		watermill.LevelTrace: watermill.LevelTrace - 4,
 	})
 }
+
+// leasedOnly hides an outbox store's ClaimBatch from the relay, which then
+// leases its batches (outbox.ClaimLeased).
+type leasedOnly struct{ outbox.Store }

@@ -875,3 +875,59 @@ func TestPostgresTransportAcksInTheConsumersTransaction(t *testing.T) {
 		t.Errorf("the transport's ack took the in-transaction ack for a lost lease:\n%s", logs.String())
 	}
 }
+
+// TestPostgresTransportRelayOnAPoolOfRelayWorkers: on the PostgreSQL
+// transport the relay's deliveries take connections of the pool the outbox
+// uses, so its batches are leased rather than held in open transactions: a
+// held batch keeps a connection while its delivery waits for another, and
+// with a pool no larger than RelayWorkers beyond the connections taken for
+// good every worker would wait until RelayLease ran out. Here the pool has
+// four connections: one for the outbox's LISTEN, one for the transport's,
+// and RelayWorkers (2) more; the relay must send every row well within the
+// lease.
+func TestPostgresTransportRelayOnAPoolOfRelayWorkers(t *testing.T) {
+	t.Parallel()
+	env := newPgEnv(t)
+	db := env.open(t)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(4)
+	st, err := gormstore.New(db, gormstore.WithTablePrefix(env.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Rows committed before the bus starts: its relay finds 300 at once,
+	// three batches for its two workers.
+	msgs := make([]*outbox.Message, 300)
+	for i := range msgs {
+		msgs[i] = &outbox.Message{MessageID: fmt.Sprintf("pool-%d", i), Destination: "exchange:Unbound-" + env.suffix,
+			MessageType: "Unbound-" + env.suffix, ContentType: "application/json", Payload: []byte(`{}`)}
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error { return st.Outbox().Add(gormstore.WithTx(ctx, tx), msgs) }); err != nil {
+		t.Fatal(err)
+	}
+	start(t, env.options(db, func(*endpoint.Endpoints) {},
+		bus.WithOutbox(func(o *outbox.Options) { o.RelayWorkers = 2; o.RelayLease = time.Minute }))...)
+	// Counted through another pool: a stalled relay may hold all of db's.
+	check, err := gormstore.New(env.db, gormstore.WithTablePrefix(env.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := check.Outbox().Stats(ctx)
+		if err == nil && s.Pending == 0 && s.Delivered == int64(len(msgs)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox after 20s: %+v (%v); want all %d rows delivered", s, err, len(msgs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

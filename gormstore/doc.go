@@ -52,8 +52,9 @@
 //
 // # Dialects
 //
-// On PostgreSQL the relay claims rows with FOR UPDATE SKIP LOCKED, so many
-// instances can relay concurrently without waiting for each other. Add
+// On PostgreSQL the relay claims rows with FOR UPDATE SKIP LOCKED and holds
+// them by those locks until it settles the batch (Outbox.ClaimBatch), so
+// many instances can relay concurrently without waiting for each other. Add
 // returns the transaction's id to a commit watcher, which sends a NOTIFY
 // after the commit (outside the caller's transaction, coalesced) that
 // Outbox.Listen turns into wake-ups for relays in other processes; this

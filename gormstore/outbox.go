@@ -26,6 +26,11 @@ type Outbox struct {
 	channel string
 
 	claimSQL        string
+	claimHeldSQL    string // PostgreSQL: ClaimBatch's, locks without a lease
+	markHeldSQL     string
+	deleteHeldSQL   string
+	failHeldSQL     string
+	laterHeldSQL    string
 	markSQL         string
 	deleteSQL       string
 	releaseSQL      string
@@ -147,6 +152,19 @@ RETURNING ` + prefixColumns("o.", outboxColumns))
 		o.cleanupSQL = s.query(`DELETE FROM {outbox} WHERE id IN (
 SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
 LIMIT ? FOR UPDATE SKIP LOCKED)`)
+		// ClaimBatch's: the rows stay locked by the claiming transaction
+		// instead of leased. The one-row subquery sets the transaction's
+		// idle timeout (the batch's hold) in the same round trip.
+		o.claimHeldSQL = s.query(`SELECT ` + prefixColumns("cand.", outboxColumns) + `
+FROM (SELECT set_config('idle_in_transaction_session_timeout', ?, true)) AS hold, {outbox} AS cand
+WHERE ` + claimable + `
+` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED`)
+		o.markHeldSQL = s.query(`UPDATE {outbox} SET status = 'delivered', delivered_at = {now} WHERE id IN ? AND status = 'pending'`)
+		o.deleteHeldSQL = s.query(`DELETE FROM {outbox} WHERE id IN ? AND status = 'pending'`)
+		o.failHeldSQL = s.query(`UPDATE {outbox} SET attempts = attempts + 1, last_error = ?, available_at = {now+?},
+status = CASE WHEN ? > 0 AND attempts + 1 >= ? THEN 'parked' ELSE 'pending' END
+WHERE id = ? AND status = 'pending'`)
+		o.laterHeldSQL = s.query(`UPDATE {outbox} SET available_at = {now+?} WHERE id IN ? AND status = 'pending'`)
 		// The commit watcher's one statement: the status of every watched
 		// transaction and, when any of them committed, one NOTIFY. The
 		// statement's own transaction commits without waiting for its WAL
@@ -197,6 +215,13 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 	// may be on the wire right now.
 	o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE message_id = ? AND status = 'pending'
 AND (locked_until IS NULL OR locked_until < {now})`)
+	if s.dialect.name == DialectPostgres {
+		// A row locked by a relay's unsettled batch (ClaimBatch) is held
+		// as a leased one is: skipped, not waited for.
+		o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox}
+WHERE message_id = ? AND status = 'pending' AND (locked_until IS NULL OR locked_until < {now})
+FOR UPDATE SKIP LOCKED)`)
+	}
 	o.scheduledCond = s.query(` AND status = 'pending' AND available_at > {now} AND attempts = 0`)
 	if s.dialect.name == DialectPostgres {
 		o.nextDueSQL = s.query(`SELECT CAST(EXTRACT(EPOCH FROM (MIN(available_at) - {now})) AS double precision) AS secs

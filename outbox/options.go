@@ -18,7 +18,8 @@ type Options struct {
 	// RelayWorkers is how many batches a relay keeps in flight. Defaults to 2.
 	RelayWorkers int
 	// RelayLease is how long a claimed batch stays reserved to its relay;
-	// a relay that dies mid-batch frees it after this. On RabbitMQ it must
+	// a relay that stops answering mid-batch loses it after this (a held
+	// batch's transaction is ended by PostgreSQL; a lease expires). On RabbitMQ it must
 	// be at least twice PublishTimeout (bus.New says so otherwise).
 	// Defaults to 1m.
 	RelayLease time.Duration

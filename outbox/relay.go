@@ -25,9 +25,13 @@ const (
 )
 
 // Relay moves committed outbox rows to the transport. Any number of relays
-// may run against one database: each batch is leased to one relay, and rows
+// may run against one database: each batch is held by (or leased to) one relay, and rows
 // are marked delivered only after the transport confirmed them.
 type Relay struct {
+	// Store is claimed through its ClaimBatch when it is a BatchClaimer,
+	// through ClaimLeased otherwise. A store whose held batches would keep
+	// a connection the Transport needs (a transport writing to the same
+	// database pool) should be given with ClaimBatch hidden.
 	Store     Store
 	Transport Transport
 	// Owner identifies this relay in leases; unique per process.
@@ -40,8 +44,9 @@ type Relay struct {
 	BatchSize int
 	// Workers is how many batches are in flight at once. Defaults to 2.
 	Workers int
-	// Lease is how long a claimed batch is reserved; a relay that dies
-	// mid-batch releases its rows when the lease expires. Keep it at least
+	// Lease is how long a claimed batch is reserved (ClaimBatch's hold,
+	// or the lease of ClaimLeased): a relay that stops answering mid-batch
+	// loses its rows after it. Keep it at least
 	// twice the transport's publish timeout. Defaults to 1m.
 	Lease time.Duration
 	// MaxAttempts parks a row after this many failed deliveries.
@@ -194,84 +199,74 @@ func (r *Relay) idleWait(ctx context.Context) time.Duration {
 // error (after releasing the rows without counting an attempt).
 func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	r.init()
-	msgs, err := r.Store.Claim(ctx, r.Owner, r.BatchSize, r.Lease)
+	var batch Batch
+	var err error
+	if bc, ok := r.Store.(BatchClaimer); ok {
+		batch, err = bc.ClaimBatch(ctx, r.Owner, r.BatchSize, r.Lease)
+	} else {
+		batch, err = ClaimLeased(ctx, r.Store, r.Owner, r.BatchSize, r.Lease)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}
+	msgs := batch.Messages()
 	if len(msgs) == 0 {
 		return 0, nil
 	}
 	errs := r.Transport.Deliver(WithRetryAfter(ctx), msgs)
+	// Settle with a context that survives shutdown: confirmed rows must be
+	// marked even when Stop arrives mid-batch.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
 	if len(errs) != len(msgs) {
-		return len(msgs), fmt.Errorf("outbox: transport returned %d results for %d messages", len(errs), len(msgs))
+		// Nothing is known of any row: all go back, uncounted.
+		err := fmt.Errorf("outbox: transport returned %d results for %d messages", len(errs), len(msgs))
+		return len(msgs), errors.Join(err, batch.Settle(sctx, Settlement{}))
 	}
-	var ok, down, later []int64
-	var laterAfter time.Duration
+	st := Settlement{Delete: r.DeleteOnDeliver}
+	var down int
 	var delivered []*Message
-	type failure struct {
-		id     int64
-		err    error
-		parkAt int // attempts after which the row is parked
-	}
-	var failed []failure
 	for i, m := range msgs {
 		var ra *RetryAfterError
 		switch e := errs[i]; {
 		case e == nil:
-			ok = append(ok, m.ID)
+			st.Delivered = append(st.Delivered, m.ID)
 			delivered = append(delivered, m)
 		case errors.As(e, &ra) && ctx.Err() == nil:
 			// Published, but the confirm is not trusted yet: the row stays
 			// pending (not marked delivered: a crash now loses nothing)
 			// and is sent again once the transport trusts its confirms.
-			later = append(later, m.ID)
-			laterAfter = max(laterAfter, ra.After)
+			st.Later = append(st.Later, m.ID)
+			st.LaterAfter = max(st.LaterAfter, ra.After)
 		case errors.Is(e, ErrTransportUnavailable) || ctx.Err() != nil:
-			down = append(down, m.ID)
-		case errors.Is(e, ErrUndeliverable):
-			failed = append(failed, failure{m.ID, e, 1})
+			// Not named in the settlement: back to pending, uncounted.
+			down++
 		default:
-			failed = append(failed, failure{m.ID, e, r.MaxAttempts})
+			parkAt := r.MaxAttempts
+			if errors.Is(e, ErrUndeliverable) {
+				parkAt = 1
+			}
+			r.Logger.WarnContext(ctx, "outbox: delivery failed", "message_id", m.MessageID, "outbox_id", m.ID,
+				"message_type", m.MessageType, "destination", m.Destination,
+				"attempt", m.Attempts+1, "max_attempts", parkAt, "error", e)
+			st.Failed = append(st.Failed, FailedRow{ID: m.ID, Error: e.Error(), RetryAfter: retryDelay(m.Attempts + 1), MaxAttempts: parkAt})
 		}
 	}
-	// Settle with a context that survives shutdown: confirmed rows must be
-	// marked even when Stop arrives mid-batch.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	var settleErr error
-	if len(ok) > 0 {
-		if _, err := r.Store.MarkDelivered(sctx, r.Owner, ok, r.DeleteOnDeliver); err != nil {
-			// The rows stay leased and are sent again after the lease: a
-			// duplicate the receiving inbox absorbs, never a loss.
-			settleErr = errors.Join(settleErr, fmt.Errorf("mark delivered: %w", err))
-		} else if r.OnDelivered != nil {
-			r.OnDelivered(delivered)
-		}
-	}
-	for _, f := range failed {
-		m := msgByID(msgs, f.id)
-		retry := retryDelay(m.Attempts + 1)
-		r.Logger.WarnContext(ctx, "outbox: delivery failed", "message_id", m.MessageID, "outbox_id", m.ID,
-			"message_type", m.MessageType, "destination", m.Destination,
-			"attempt", m.Attempts+1, "max_attempts", f.parkAt, "error", f.err)
-		if err := r.Store.Release(sctx, r.Owner, []int64{f.id}, f.err.Error(), true, retry, f.parkAt); err != nil {
-			settleErr = errors.Join(settleErr, fmt.Errorf("release failed row: %w", err))
-		}
-	}
-	if len(later) > 0 {
+	if len(st.Later) > 0 {
 		r.Logger.DebugContext(ctx, "outbox: confirms not trusted yet; sending again later",
-			"messages", len(later), "retry_in", laterAfter)
-		if err := r.Store.Release(sctx, r.Owner, later, "", false, laterAfter, r.MaxAttempts); err != nil {
-			settleErr = errors.Join(settleErr, fmt.Errorf("release for a later send: %w", err))
-		}
+			"messages", len(st.Later), "retry_in", st.LaterAfter)
 	}
-	if len(down) > 0 {
-		if err := r.Store.Release(sctx, r.Owner, down, "", false, 0, r.MaxAttempts); err != nil {
-			settleErr = errors.Join(settleErr, fmt.Errorf("release: %w", err))
-		}
-		if ctx.Err() == nil {
-			settleErr = errors.Join(settleErr, fmt.Errorf("%d of %d messages not delivered: %w", len(down), len(msgs), firstErr(errs)))
-		}
+	var settleErr error
+	if err := batch.Settle(sctx, st); err != nil {
+		// Rows not recorded are claimed again (a leased one after its
+		// lease) and sent again: a duplicate the receiving inbox absorbs,
+		// never a loss.
+		settleErr = fmt.Errorf("settle: %w", err)
+	} else if len(delivered) > 0 && r.OnDelivered != nil {
+		r.OnDelivered(delivered)
+	}
+	if down > 0 && ctx.Err() == nil {
+		settleErr = errors.Join(settleErr, fmt.Errorf("%d of %d messages not delivered: %w", down, len(msgs), firstErr(errs)))
 	}
 	return len(msgs), settleErr
 }
@@ -283,15 +278,6 @@ func firstErr(errs []error) error {
 		}
 	}
 	return nil
-}
-
-func msgByID(msgs []*Message, id int64) *Message {
-	for _, m := range msgs {
-		if m.ID == id {
-			return m
-		}
-	}
-	return &Message{ID: id}
 }
 
 // retryDelay is the wait before a failed row is tried again: 1s, 2s, 4s ...

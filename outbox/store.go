@@ -103,6 +103,117 @@ type Store interface {
 	NextDue(ctx context.Context) (d time.Duration, ok bool, err error)
 }
 
+// BatchClaimer is implemented by stores that hold a claimed batch
+// themselves until it is settled, instead of the relay leasing its rows
+// through Claim, MarkDelivered and Release. gormstore does on PostgreSQL:
+// the rows stay locked (FOR UPDATE) in a transaction that the settlement
+// commits, so claiming writes nothing and a relay that dies releases its
+// rows with its connection. The relay uses ClaimBatch when its Store
+// implements it, ClaimLeased otherwise.
+type BatchClaimer interface {
+	// ClaimBatch claims up to limit rows as Claim does. hold bounds how
+	// long the batch may stay unsettled: past it the store may give the
+	// rows back (a relay that froze mid-batch), as an expired lease does.
+	// A batch with no messages needs no Settle.
+	ClaimBatch(ctx context.Context, owner string, limit int, hold time.Duration) (Batch, error)
+}
+
+// Batch is a claimed batch of outbox rows.
+type Batch interface {
+	// Messages are the claimed rows, lowest id first.
+	Messages() []*Message
+	// Settle records what became of each row and ends the batch, whatever
+	// it returns; rows s does not name return to pending, claimable at
+	// once, without an attempt. Call it exactly once. When it fails, what
+	// it could not record is as if never claimed (for a leased batch, once
+	// the lease expires): confirmed rows among it are sent again, a
+	// duplicate the receiving inbox absorbs.
+	Settle(ctx context.Context, s Settlement) error
+}
+
+// Settlement is what a relay pass decided for the rows of a batch.
+type Settlement struct {
+	// Delivered rows were confirmed by the transport: marked delivered,
+	// or deleted when Delete is set.
+	Delivered []int64
+	Delete    bool
+	// Failed rows count an attempt each (see Store.Release).
+	Failed []FailedRow
+	// Later rows become claimable again after LaterAfter, without an
+	// attempt (a *RetryAfterError).
+	Later      []int64
+	LaterAfter time.Duration
+}
+
+// FailedRow is a row whose delivery failed.
+type FailedRow struct {
+	ID    int64
+	Error string
+	// RetryAfter is when the row may be claimed again.
+	RetryAfter time.Duration
+	// MaxAttempts parks the row once its attempts reach it (<= 0 never).
+	MaxAttempts int
+}
+
+// ClaimLeased claims a batch from s through Claim, leased to owner for
+// lease; its Settle applies the settlement with MarkDelivered and Release,
+// each step on its own (a step that fails leaves its rows leased until the
+// lease expires, and the others are still applied).
+func ClaimLeased(ctx context.Context, s Store, owner string, limit int, lease time.Duration) (Batch, error) {
+	msgs, err := s.Claim(ctx, owner, limit, lease)
+	if err != nil {
+		return nil, err
+	}
+	return &leasedBatch{s: s, owner: owner, msgs: msgs}, nil
+}
+
+type leasedBatch struct {
+	s     Store
+	owner string
+	msgs  []*Message
+}
+
+func (b *leasedBatch) Messages() []*Message { return b.msgs }
+
+func (b *leasedBatch) Settle(ctx context.Context, st Settlement) error {
+	var errs []error
+	named := make(map[int64]bool, len(b.msgs))
+	if len(st.Delivered) > 0 {
+		for _, id := range st.Delivered {
+			named[id] = true
+		}
+		if _, err := b.s.MarkDelivered(ctx, b.owner, st.Delivered, st.Delete); err != nil {
+			errs = append(errs, fmt.Errorf("mark delivered: %w", err))
+		}
+	}
+	for _, f := range st.Failed {
+		named[f.ID] = true
+		if err := b.s.Release(ctx, b.owner, []int64{f.ID}, f.Error, true, f.RetryAfter, f.MaxAttempts); err != nil {
+			errs = append(errs, fmt.Errorf("release failed row: %w", err))
+		}
+	}
+	if len(st.Later) > 0 {
+		for _, id := range st.Later {
+			named[id] = true
+		}
+		if err := b.s.Release(ctx, b.owner, st.Later, "", false, st.LaterAfter, 0); err != nil {
+			errs = append(errs, fmt.Errorf("release for a later send: %w", err))
+		}
+	}
+	var rest []int64
+	for _, m := range b.msgs {
+		if !named[m.ID] {
+			rest = append(rest, m.ID)
+		}
+	}
+	if len(rest) > 0 {
+		if err := b.s.Release(ctx, b.owner, rest, "", false, 0, 0); err != nil {
+			errs = append(errs, fmt.Errorf("release: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Notifier is implemented by stores that can wake relays in other processes
 // when a transaction that wrote outbox rows commits (PostgreSQL LISTEN/NOTIFY).
 type Notifier interface {

@@ -25,22 +25,24 @@ import (
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
-// stallAtMark is an outbox store whose MarkDelivered stands for a relay
-// that dies right after the broker confirmed a batch: it reports the ids it
-// was asked to mark and then does not mark them until the test releases it
-// (a frozen or dead process never would). Released, it either marks late,
-// like a relay that was only paused, or fails, like a mark whose database
-// round trip failed.
+// stallAtMark is an outbox store whose MarkDelivered (leased batches) or
+// batch Settle (held batches: held is set and the store has ClaimBatch)
+// stands for a relay that dies right after the broker confirmed a batch:
+// it reports the ids it was asked to mark and then does not mark them until
+// the test releases it (a frozen or dead process never would). Released,
+// it either marks late, like a relay that was only paused, or fails, like a
+// mark whose database round trip failed.
 type stallAtMark struct {
 	outbox.Store
+	held    bool
 	reached chan []int64
 	release chan struct{}
 	fail    bool
-	late    chan int // rows the late mark changed
+	late    chan int // rows the late mark changed (-1: the late settle failed)
 }
 
-func newStallAtMark(s outbox.Store, fail bool) *stallAtMark {
-	return &stallAtMark{Store: s, reached: make(chan []int64, 1), release: make(chan struct{}), fail: fail, late: make(chan int, 1)}
+func newStallAtMark(s outbox.Store, held, fail bool) *stallAtMark {
+	return &stallAtMark{Store: s, held: held, reached: make(chan []int64, 1), release: make(chan struct{}), fail: fail, late: make(chan int, 1)}
 }
 
 func (s *stallAtMark) MarkDelivered(ctx context.Context, owner string, ids []int64, del bool) (int, error) {
@@ -56,12 +58,49 @@ func (s *stallAtMark) MarkDelivered(ctx context.Context, owner string, ids []int
 	return n, err
 }
 
+func (s *stallAtMark) ClaimBatch(ctx context.Context, owner string, limit int, hold time.Duration) (outbox.Batch, error) {
+	if !s.held {
+		return outbox.ClaimLeased(ctx, s, owner, limit, hold)
+	}
+	b, err := s.Store.(outbox.BatchClaimer).ClaimBatch(ctx, owner, limit, hold)
+	if err != nil {
+		return nil, err
+	}
+	return stalledBatch{Batch: b, s: s}, nil
+}
+
+type stalledBatch struct {
+	outbox.Batch
+	s *stallAtMark
+}
+
+func (b stalledBatch) Settle(ctx context.Context, st outbox.Settlement) error {
+	b.s.reached <- st.Delivered
+	<-b.s.release
+	if b.s.fail {
+		// Nothing recorded: the rows go back at once, as when the
+		// connection dies.
+		_ = b.Batch.Settle(ctx, outbox.Settlement{})
+		return errors.New("simulated crash between confirm and mark")
+	}
+	err := b.Batch.Settle(context.WithoutCancel(ctx), st)
+	if err != nil {
+		b.s.late <- -1
+	} else {
+		b.s.late <- len(st.Delivered)
+	}
+	return err
+}
+
 // TestRelayCrashBetweenConfirmAndMark is issue 4's deterministic fault: the
 // broker confirmed an outbox row, the relay that sent it never marked it
-// (it crashed, or its mark failed), a second relay re-delivers the row once
-// the first relay's lease expired, and the receiving bus's inbox absorbs the
-// repeat: one effect. A late mark from the first relay must not touch the
-// row the second relay now owns.
+// (it froze, or its mark failed), a second relay re-delivers the row once
+// the first relay's hold on it ended, and the receiving bus's inbox absorbs
+// the repeat: one effect. A late mark from the first relay must not touch
+// the row the second relay now owns. Both ways a relay holds a batch: a
+// lease (SQLite's, and the PostgreSQL transport's) and row locks in an
+// open transaction (PostgreSQL's ClaimBatch), whose frozen holder loses its
+// connection after the lease's length.
 func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	url := testenv.AMQPURL(t)
@@ -132,10 +171,15 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 	const lease = 4 * time.Second
 	for _, tc := range []struct {
 		name string
+		// held: the batch is held by row locks (ClaimBatch), not leased.
+		held bool
 		// fail: the first relay's mark fails; otherwise it stalls, and
 		// marks late after the second relay delivered.
 		fail bool
-	}{{"crash before mark", false}, {"mark fails", true}} {
+	}{
+		{"leased/crash before mark", false, false}, {"leased/mark fails", false, true},
+		{"held/crash before mark", true, false}, {"held/mark fails", true, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := "relay-crash/" + sfx + "/" + tc.name
 			err := db.Transaction(func(tx *gorm.DB) error {
@@ -148,7 +192,7 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			stall := newStallAtMark(src.Outbox(), tc.fail)
+			stall := newStallAtMark(src.Outbox(), tc.held, tc.fail)
 			r1 := &outbox.Relay{Store: stall, Transport: tr, Owner: "relay-1-" + sfx, Lease: lease, Logger: quiet}
 			r1Done := make(chan error, 1)
 			go func() { _, err := r1.DispatchOnce(ctx); r1Done <- err }()
@@ -162,10 +206,14 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 			if len(ids) != 1 {
 				t.Fatalf("first relay confirmed %d rows; want 1", len(ids))
 			}
-			waitUntil(t, 20*time.Second, "the first delivery's effect", func() bool { return effectRows(t, db, effects, id) == 1 })
-			if st := rowState(t, db, srcPrefix, ids[0]); st != "pending leased by relay-1-"+sfx {
-				t.Fatalf("after confirm without mark the row is %q; want it pending and leased", st)
+			want := "pending leased by relay-1-" + sfx
+			if tc.held {
+				want = "pending held"
 			}
+			if st := rowState(t, db, srcPrefix, ids[0]); st != want {
+				t.Fatalf("after confirm without mark the row is %q; want %q", st, want)
+			}
+			waitUntil(t, 20*time.Second, "the first delivery's effect", func() bool { return effectRows(t, db, effects, id) == 1 })
 			if tc.fail {
 				close(stall.release)
 				if err := <-r1Done; err == nil {
@@ -174,10 +222,15 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 			}
 
 			// A second relay finds nothing while the first one's lease
-			// holds, then re-delivers the row once it expired.
+			// holds, then re-delivers the row once it expired (a held
+			// batch whose mark failed was rolled back: at once).
 			dupsBefore := b.Stats().Duplicates
-			r2 := &outbox.Relay{Store: src.Outbox(), Transport: tr, Owner: "relay-2-" + sfx, Lease: lease, Logger: quiet}
-			if time.Since(claimed) < lease/2 {
+			var r2Store outbox.Store = src.Outbox()
+			if !tc.held {
+				r2Store = leasedStore{src.Outbox()}
+			}
+			r2 := &outbox.Relay{Store: r2Store, Transport: tr, Owner: "relay-2-" + sfx, Lease: lease, Logger: quiet}
+			if !(tc.held && tc.fail) && time.Since(claimed) < lease/2 {
 				if n, err := r2.DispatchOnce(ctx); err != nil || n != 0 {
 					t.Fatalf("second relay claimed %d rows (err %v) under a live lease; want 0", n, err)
 				}
@@ -201,11 +254,24 @@ func TestRelayCrashBetweenConfirmAndMark(t *testing.T) {
 				// The first relay wakes up and marks late: the row is no
 				// longer leased to it, so its mark must change nothing.
 				close(stall.release)
-				if n := <-stall.late; n != 0 {
-					t.Fatalf("the stale relay's late mark changed %d rows; want 0", n)
+				n := <-stall.late
+				err := <-r1Done
+				if tc.held {
+					// Its connection was closed when the hold ran out: the
+					// settle fails.
+					if n != -1 || err == nil {
+						t.Fatalf("the stale relay's late settle: %d, relay error %v; want it failed", n, err)
+					}
+				} else {
+					if n != 0 {
+						t.Fatalf("the stale relay's late mark changed %d rows; want 0", n)
+					}
+					if err != nil {
+						t.Fatalf("first relay: %v", err)
+					}
 				}
-				if err := <-r1Done; err != nil {
-					t.Fatalf("first relay: %v", err)
+				if st := rowState(t, db, srcPrefix, ids[0]); st != "delivered" {
+					t.Fatalf("after the stale relay's late mark the row is %q; want delivered", st)
 				}
 			}
 		})
@@ -221,8 +287,8 @@ func effectRows(t *testing.T, db *gorm.DB, table, id string) int64 {
 	return n
 }
 
-// rowState describes an outbox row: "delivered", "pending leased by X" or
-// "pending".
+// rowState describes an outbox row: "delivered", "pending leased by X",
+// "pending held" (locked by a relay's open transaction) or "pending".
 func rowState(t *testing.T, db *gorm.DB, prefix string, id int64) string {
 	t.Helper()
 	var row struct {
@@ -235,8 +301,23 @@ func rowState(t *testing.T, db *gorm.DB, prefix string, id int64) string {
 	if row.Status == "pending" && row.LockedBy != nil {
 		return "pending leased by " + *row.LockedBy
 	}
+	if row.Status == "pending" {
+		var free int64
+		err := db.Transaction(func(tx *gorm.DB) error {
+			return tx.Raw(`SELECT count(*) FROM (SELECT id FROM `+prefix+`outbox WHERE id = ? FOR UPDATE SKIP LOCKED) AS f`, id).Scan(&free).Error
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if free == 0 {
+			return "pending held"
+		}
+	}
 	return row.Status
 }
+
+// leasedStore hides ClaimBatch: a relay over it leases its batches.
+type leasedStore struct{ outbox.Store }
 
 // waitUntil polls cond (database or broker state, which offer no signal)
 // until it holds or d passes.

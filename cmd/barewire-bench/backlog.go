@@ -11,9 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/outbox"
 )
 
 // preload declares the endpoint's exchange and queue as the bus would and
@@ -151,26 +151,21 @@ func explainIn(ctx context.Context, pool *pgxpool.Pool, stmt string) (string, er
 	return strings.Join(lines, "\n"), rows.Err()
 }
 
-var errRollback = errors.New("rollback")
-
-// captureClaim returns the exact claim statement the BareWire outbox store
-// sends (arguments inlined by GORM), by running one claim in a transaction
-// that is rolled back.
+// captureClaim returns the exact claim statement the BareWire relay sends
+// (arguments inlined by GORM), by claiming one batch and settling it with
+// nothing recorded: its rows stay as they were.
 func captureClaim(ctx context.Context, p *barewirePipe, capture *sqlCapture) (string, error) {
-	err := p.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		st, err := gormstore.New(tx, gormstore.WithTablePrefix(p.prefix))
-		if err != nil {
-			return err
-		}
-		capture.armed.Store(true)
-		_, err = st.Outbox().Claim(ctx, "explain-probe", 100, 30*time.Second)
-		capture.armed.Store(false)
-		if err != nil {
-			return err
-		}
-		return errRollback
-	})
-	if err != nil && !errors.Is(err, errRollback) {
+	st, err := gormstore.New(p.db, gormstore.WithTablePrefix(p.prefix))
+	if err != nil {
+		return "", err
+	}
+	capture.armed.Store(true)
+	b, err := st.Outbox().ClaimBatch(ctx, "explain-probe", 100, 30*time.Second)
+	capture.armed.Store(false)
+	if err != nil {
+		return "", err
+	}
+	if err := b.Settle(ctx, outbox.Settlement{}); err != nil {
 		return "", err
 	}
 	s := capture.captured()

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"sync/atomic"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -81,23 +82,44 @@ func (r *relayRole) run(ctx context.Context, ready func()) error {
 	return nil
 }
 
-// crashingStore wraps the outbox store. With probability p per call, its
-// MarkDelivered kills the process instead of marking: the relay calls it
-// only after the transport reported the batch confirmed by the broker, so
-// the process dies exactly between confirm and mark. The rows stay leased;
-// after the lease another relay delivers them again, and the consumers'
-// inboxes must absorb the repeats.
+// crashingStore wraps the outbox store. With probability p per settled
+// batch that has confirmed rows, it kills the process instead of settling:
+// the relay settles a batch only after the transport reported its
+// messages confirmed by the broker, so the process dies exactly between
+// confirm and mark. On PostgreSQL the batch's rows are locked by its
+// transaction and come back when the dead process's connection closes
+// (elsewhere after the lease); another relay delivers them again, and the
+// consumers' inboxes must absorb the repeats.
 type crashingStore struct {
 	outbox.Store
 	p   float64
 	log *slog.Logger
 }
 
-func (s *crashingStore) MarkDelivered(ctx context.Context, owner string, ids []int64, del bool) (int, error) {
-	if s.p > 0 && mrand.Float64() < s.p {
+func (s *crashingStore) ClaimBatch(ctx context.Context, owner string, limit int, hold time.Duration) (outbox.Batch, error) {
+	var b outbox.Batch
+	var err error
+	if bc, ok := s.Store.(outbox.BatchClaimer); ok {
+		b, err = bc.ClaimBatch(ctx, owner, limit, hold)
+	} else {
+		b, err = outbox.ClaimLeased(ctx, s.Store, owner, limit, hold)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return crashingBatch{Batch: b, s: s}, nil
+}
+
+type crashingBatch struct {
+	outbox.Batch
+	s *crashingStore
+}
+
+func (b crashingBatch) Settle(ctx context.Context, st outbox.Settlement) error {
+	if len(st.Delivered) > 0 && b.s.p > 0 && mrand.Float64() < b.s.p {
 		// os.Stderr is unbuffered: the line is out before the signal.
-		s.log.Warn(msgKillAfterConfirm, "rows", len(ids), "detail", "the broker confirmed this batch; killing the process before the rows are marked delivered")
+		b.s.log.Warn(msgKillAfterConfirm, "rows", len(st.Delivered), "detail", "the broker confirmed this batch; killing the process before the rows are marked delivered")
 		killSelf()
 	}
-	return s.Store.MarkDelivered(ctx, owner, ids, del)
+	return b.Batch.Settle(ctx, st)
 }

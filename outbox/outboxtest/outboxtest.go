@@ -93,6 +93,10 @@ func Run(t *testing.T, newStore func(t *testing.T) (outbox.Store, InTx), opts ..
 		{"CancelInTransaction", testCancelInTransaction, false},
 		{"CancelLeasedOrDelivered", testCancelLeasedOrDelivered, false},
 		{"NextDue", testNextDue, false},
+		{"BatchSettle", testBatchSettle, false},
+		{"BatchSettleDelete", testBatchSettleDelete, false},
+		{"BatchHeld", testBatchHeld, false},
+		{"BatchHoldExpiry", testBatchHoldExpiry, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -963,4 +967,137 @@ func testNextDue(t *testing.T, s outbox.Store, inTx InTx) {
 	if err != nil || !ok || d < 29*time.Minute || d > 30*time.Minute+time.Second {
 		t.Fatalf("NextDue = %v, ok %v, %v; want about 30m", d, ok, err)
 	}
+}
+
+// claimBatch claims a batch the way the relay does: through the store's
+// ClaimBatch when it has one, outbox.ClaimLeased otherwise.
+func claimBatch(t *testing.T, ctx context.Context, s outbox.Store, owner string, limit int, hold time.Duration) outbox.Batch {
+	t.Helper()
+	var b outbox.Batch
+	var err error
+	if bc, ok := s.(outbox.BatchClaimer); ok {
+		b, err = bc.ClaimBatch(ctx, owner, limit, hold)
+	} else {
+		b, err = outbox.ClaimLeased(ctx, s, owner, limit, hold)
+	}
+	if err != nil {
+		t.Fatalf("ClaimBatch(%s, %d): %v", owner, limit, err)
+	}
+	got := b.Messages()
+	for i := 1; i < len(got); i++ {
+		if got[i].ID <= got[i-1].ID {
+			t.Fatalf("ClaimBatch returned ids out of order: %v", idsOf(got))
+		}
+	}
+	return b
+}
+
+func settle(t *testing.T, ctx context.Context, b outbox.Batch, st outbox.Settlement) {
+	t.Helper()
+	if err := b.Settle(ctx, st); err != nil {
+		t.Fatalf("Settle(%+v): %v", st, err)
+	}
+}
+
+// testBatchSettle: one settlement records every outcome: delivered rows
+// are marked, a failed row counts an attempt (and is parked at its
+// MaxAttempts), a row for later waits, and a row not named is claimable
+// again at once, uncounted.
+func testBatchSettle(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	ids := add(t, ctx, s, inTx, newMessages("bs", 6))
+	b := claimBatch(t, ctx, s, "relay-1", 10, longLease)
+	wantIDs(t, "ClaimBatch", b.Messages(), ids)
+	settle(t, ctx, b, outbox.Settlement{
+		Delivered: ids[0:2],
+		Failed: []outbox.FailedRow{
+			{ID: ids[2], Error: "nack: no route", RetryAfter: time.Hour, MaxAttempts: 5},
+			{ID: ids[3], Error: "undeliverable", MaxAttempts: 1},
+		},
+		Later:      ids[4:5],
+		LaterAfter: time.Hour,
+	})
+	wantCounts(t, ctx, s, 3, 1, 2)
+	if m := byID(t, ctx, s, ids[0]); m.Status != outbox.StatusDelivered || m.DeliveredAt == nil {
+		t.Fatalf("delivered row: status %s, delivered at %v", m.Status, m.DeliveredAt)
+	}
+	if m := byID(t, ctx, s, ids[2]); m.Status != outbox.StatusPending || m.Attempts != 1 || m.LastError != "nack: no route" {
+		t.Fatalf("failed row: status %s, attempts %d, last error %q; want pending, 1, the error", m.Status, m.Attempts, m.LastError)
+	}
+	if m := byID(t, ctx, s, ids[3]); m.Status != outbox.StatusParked || m.Attempts != 1 {
+		t.Fatalf("row failed at its MaxAttempts: status %s, attempts %d; want parked, 1", m.Status, m.Attempts)
+	}
+	if m := byID(t, ctx, s, ids[4]); m.Attempts != 0 || !m.AvailableAt.After(m.CreatedAt.Add(50*time.Minute)) {
+		t.Fatalf("row for later: attempts %d, available at %v (created %v); want 0, an hour on", m.Attempts, m.AvailableAt, m.CreatedAt)
+	}
+	// Only the row the settlement did not name is claimable now, uncounted.
+	got := claim(t, ctx, s, "relay-2", 10, longLease)
+	wantIDs(t, "Claim after the settlement", got, ids[5:6])
+	if got[0].Attempts != 0 {
+		t.Fatalf("row not named in the settlement has %d attempts, want 0", got[0].Attempts)
+	}
+}
+
+func testBatchSettleDelete(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	ids := add(t, ctx, s, inTx, newMessages("bd", 3))
+	b := claimBatch(t, ctx, s, "relay-1", 10, longLease)
+	settle(t, ctx, b, outbox.Settlement{Delivered: ids[:2], Delete: true})
+	wantCounts(t, ctx, s, 1, 0, 0)
+	if got := list(t, ctx, s, outbox.Query{}); len(got) != 1 || got[0].ID != ids[2] {
+		t.Fatalf("rows left = %v, want [%d]", idsOf(got), ids[2])
+	}
+}
+
+// testBatchHeld: while a batch is unsettled no other claim takes its rows
+// and Cancel leaves them (at once, without waiting for the batch); an
+// empty settlement gives every row back at once.
+func testBatchHeld(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	ids := add(t, ctx, s, inTx, newMessages("bh", 3))
+	b := claimBatch(t, ctx, s, "relay-1", 2, longLease)
+	wantIDs(t, "ClaimBatch", b.Messages(), ids[:2])
+	other := claimBatch(t, ctx, s, "relay-2", 10, longLease)
+	wantIDs(t, "ClaimBatch beside an unsettled batch", other.Messages(), ids[2:])
+	settle(t, ctx, other, outbox.Settlement{})
+	if got := claim(t, ctx, s, "relay-3", 10, longLease); !slices.Equal(idsOf(got), ids[2:]) {
+		t.Fatalf("Claim beside an unsettled batch = %v, want %v", idsOf(got), ids[2:])
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if n, err := s.Cancel(cctx, "bh-0"); err != nil || n != 0 {
+		t.Fatalf("Cancel of a row in an unsettled batch = %d, %v; want 0, nil", n, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Cancel of a row in an unsettled batch took %v: it waited for the batch", d)
+	}
+	settle(t, ctx, b, outbox.Settlement{})
+	b2 := claimBatch(t, ctx, s, "relay-2", 10, longLease)
+	wantIDs(t, "ClaimBatch after an empty settlement", b2.Messages(), ids[:2])
+	for _, m := range b2.Messages() {
+		if m.Attempts != 0 {
+			t.Fatalf("row %d has %d attempts after an empty settlement, want 0", m.ID, m.Attempts)
+		}
+	}
+	settle(t, ctx, b2, outbox.Settlement{Delivered: ids[:2]})
+	wantCounts(t, ctx, s, 1, 0, 2)
+}
+
+// testBatchHoldExpiry: a batch left unsettled past its hold (a relay that
+// froze) gives its rows back; its late settlement then records nothing
+// over the relay that took them.
+func testBatchHoldExpiry(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	ids := add(t, ctx, s, inTx, newMessages("be", 3))
+	start := time.Now()
+	stale := claimBatch(t, ctx, s, "relay-1", 10, shortLease)
+	wantIDs(t, "ClaimBatch with a short hold", stale.Messages(), ids)
+	got := claimEventually(t, ctx, s, "relay-2", 10, start, shortLease-50*time.Millisecond)
+	wantIDs(t, "Claim after the hold expired", got, ids)
+	// The late settlement may fail or record nothing; either way the rows
+	// stay relay-2's.
+	_ = stale.Settle(ctx, outbox.Settlement{Delivered: ids, Failed: nil})
+	wantCounts(t, ctx, s, 3, 0, 0)
+	markDelivered(t, ctx, s, "relay-2", ids, false, 3)
 }
