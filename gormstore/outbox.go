@@ -94,6 +94,12 @@ type outboxRow struct {
 	AvailableAt   dbTime `gorm:"column:available_at"`
 }
 
+// dests are the scan destinations of outboxColumns, in their order.
+func (r *outboxRow) dests() []any {
+	return []any{&r.ID, &r.MessageID, &r.Destination, &r.RoutingKey, &r.MessageType, &r.ContentType, &r.CorrelationID,
+		&r.Headers, &r.Payload, &r.CreatedAt, &r.Status, &r.Attempts, &r.LastError, &r.DeliveredAt, &r.AvailableAt}
+}
+
 func (r *outboxRow) message() (*outbox.Message, error) {
 	m := &outbox.Message{
 		ID:            r.ID,
@@ -154,17 +160,22 @@ SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
 LIMIT ? FOR UPDATE SKIP LOCKED)`)
 		// ClaimBatch's: the rows stay locked by the claiming transaction
 		// instead of leased. The one-row subquery sets the transaction's
-		// idle timeout (the batch's hold) in the same round trip.
-		o.claimHeldSQL = s.query(`SELECT ` + prefixColumns("cand.", outboxColumns) + `
+		// idle timeout (the batch's hold) in the same round trip. These
+		// run on a pgx connection directly ($n placeholders, arrays).
+		o.claimHeldSQL = s.dialect.bind(s.query(`SELECT ` + prefixColumns("cand.", outboxColumns) + `
 FROM (SELECT set_config('idle_in_transaction_session_timeout', ?, true)) AS hold, {outbox} AS cand
 WHERE ` + claimable + `
-` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED`)
-		o.markHeldSQL = s.query(`UPDATE {outbox} SET status = 'delivered', delivered_at = {now} WHERE id IN ? AND status = 'pending'`)
-		o.deleteHeldSQL = s.query(`DELETE FROM {outbox} WHERE id IN ? AND status = 'pending'`)
-		o.failHeldSQL = s.query(`UPDATE {outbox} SET attempts = attempts + 1, last_error = ?, available_at = {now+?},
-status = CASE WHEN ? > 0 AND attempts + 1 >= ? THEN 'parked' ELSE 'pending' END
-WHERE id = ? AND status = 'pending'`)
-		o.laterHeldSQL = s.query(`UPDATE {outbox} SET available_at = {now+?} WHERE id IN ? AND status = 'pending'`)
+` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED`))
+		o.markHeldSQL = s.query(`UPDATE {outbox} SET status = 'delivered', delivered_at = {now}
+WHERE id = ANY($1) AND status = 'pending'`)
+		o.deleteHeldSQL = s.query(`DELETE FROM {outbox} WHERE id = ANY($1) AND status = 'pending'`)
+		// $3 is the row's MaxAttempts (<= 0: never parked).
+		o.failHeldSQL = s.query(`UPDATE {outbox} SET attempts = attempts + 1, last_error = $1,
+available_at = now() + make_interval(secs => $2),
+status = CASE WHEN $3::int > 0 AND attempts + 1 >= $3::int THEN 'parked' ELSE 'pending' END
+WHERE id = $4 AND status = 'pending'`)
+		o.laterHeldSQL = s.query(`UPDATE {outbox} SET available_at = now() + make_interval(secs => $1)
+WHERE id = ANY($2) AND status = 'pending'`)
 		// The commit watcher's one statement: the status of every watched
 		// transaction and, when any of them committed, one NOTIFY. The
 		// statement's own transaction commits without waiting for its WAL

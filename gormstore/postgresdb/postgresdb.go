@@ -82,6 +82,7 @@ type pipeline struct{}
 var (
 	_ gormstore.CommitPipeliner = pipeline{}
 	_ gormstore.InboxPipeliner  = pipeline{}
+	_ gormstore.RelayPipeliner  = pipeline{}
 )
 
 func (pipeline) Name() string                 { return gormstore.PipelinePlugin }
@@ -130,6 +131,40 @@ func (pipeline) BeginExec(ctx context.Context, dc any, query string, args []any)
 		err = cerr
 	}
 	return tag.RowsAffected(), err
+}
+
+// BeginQuery sends BEGIN and query as one pgx batch (one write, one Sync:
+// the BEGIN opens a transaction block that the Sync leaves open) and scans
+// the query's rows.
+func (pipeline) BeginQuery(ctx context.Context, dc any, query string, args []any, dest func() []any) error {
+	c, ok := dc.(pgxConn)
+	if !ok {
+		return errors.New("postgresdb: not a pgx connection")
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(query, args...)
+	br := c.Conn().SendBatch(ctx, b)
+	err := func() error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := rows.Scan(dest()...); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // CommitStatements sends stmts and COMMIT as one pgx batch: one write, one

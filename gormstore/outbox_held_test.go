@@ -1,0 +1,81 @@
+package gormstore_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/outbox/outboxtest"
+)
+
+// TestOutboxConformancePlainPostgres runs the outbox suite on a *gorm.DB
+// opened without postgresdb.Open, so without the pipeline plugin: the held
+// batches of ClaimBatch send their BEGIN, claim, outcome and COMMIT one
+// statement at a time there.
+func TestOutboxConformancePlainPostgres(t *testing.T) {
+	dsn := os.Getenv(postgresDSNEnv)
+	if dsn == "" {
+		t.Skipf("PostgreSQL tests skipped: set %s", postgresDSNEnv)
+	}
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(t, db) })
+	outboxtest.Run(t, func(t *testing.T) (outbox.Store, outboxtest.InTx) {
+		prefix := randomPrefix(t)
+		s := migrated(t, db, gormstore.WithTablePrefix(prefix))
+		t.Cleanup(func() { dropTables(t, db, s.TablePrefix()) })
+		if _, ok := db.Config.Plugins[gormstore.PipelinePlugin]; ok {
+			t.Fatal("the plain *gorm.DB has the pipeline plugin")
+		}
+		return s.Outbox(), inTx(db)
+	})
+}
+
+// TestClaimBatchInATransactionIsLeased: a store made on a transaction has
+// no pool to hold a batch's own transaction on, so ClaimBatch leases it.
+func TestClaimBatchInATransactionIsLeased(t *testing.T) {
+	b := postgresBackend(t)
+	s, db := b.newStore(t)
+	ctx := context.Background()
+	if err := inTx(db)(ctx, func(ctx context.Context) error {
+		return s.Outbox().Add(ctx, []*outbox.Message{{MessageID: "m", Destination: "queue:q"}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := db.Transaction(func(tx *gorm.DB) error {
+		ts, err := gormstore.New(tx, gormstore.WithTablePrefix(s.TablePrefix()))
+		if err != nil {
+			return err
+		}
+		batch, err := ts.Outbox().ClaimBatch(ctx, "relay-tx", 10, time.Minute)
+		if err != nil {
+			return err
+		}
+		if len(batch.Messages()) != 1 {
+			t.Fatalf("ClaimBatch in a transaction claimed %d rows, want 1", len(batch.Messages()))
+		}
+		var lockedBy *string
+		if err := tx.Raw(`SELECT locked_by FROM `+s.TablePrefix()+`outbox`).Scan(&lockedBy).Error; err != nil {
+			return err
+		}
+		if lockedBy == nil || *lockedBy != "relay-tx" {
+			t.Fatalf("locked_by = %v, want the lease's owner relay-tx", lockedBy)
+		}
+		return batch.Settle(ctx, outbox.Settlement{Delivered: []int64{batch.Messages()[0].ID}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Outbox().Stats(ctx); err != nil || st.Delivered != 1 {
+		t.Fatalf("Stats = %+v, %v; want 1 delivered", st, err)
+	}
+}
