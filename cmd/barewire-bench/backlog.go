@@ -151,28 +151,36 @@ func explainIn(ctx context.Context, pool *pgxpool.Pool, stmt string) (string, er
 	return strings.Join(lines, "\n"), rows.Err()
 }
 
-// captureClaim returns the exact claim statement the BareWire relay sends
-// (arguments inlined by GORM), by claiming one batch and settling it with
+// captureClaim returns the exact claim statement the BareWire relay sends,
+// read from pg_stat_activity while a claimed batch is held (the relay's
+// statements bypass GORM), with its two parameters (the hold in
+// milliseconds, the batch size) inlined. The batch is then settled with
 // nothing recorded: its rows stay as they were.
-func captureClaim(ctx context.Context, p *barewirePipe, capture *sqlCapture) (string, error) {
+func captureClaim(ctx context.Context, p *barewirePipe) (string, error) {
 	st, err := gormstore.New(p.db, gormstore.WithTablePrefix(p.prefix))
 	if err != nil {
 		return "", err
 	}
-	capture.armed.Store(true)
-	b, err := st.Outbox().ClaimBatch(ctx, "explain-probe", 100, 30*time.Second)
-	capture.armed.Store(false)
+	const limit, hold = 100, 30 * time.Second
+	b, err := st.Outbox().ClaimBatch(ctx, "explain-probe", limit, hold)
 	if err != nil {
 		return "", err
 	}
-	if err := b.Settle(ctx, outbox.Settlement{}); err != nil {
+	var q string
+	err = p.db.WithContext(ctx).Raw(`SELECT query FROM pg_stat_activity
+WHERE state = 'idle in transaction' AND query LIKE '%SKIP LOCKED%' AND query LIKE ? LIMIT 1`,
+		"%"+p.prefix+"outbox%").Scan(&q).Error
+	if serr := b.Settle(ctx, outbox.Settlement{}); err == nil {
+		err = serr
+	}
+	if err != nil {
 		return "", err
 	}
-	s := capture.captured()
-	if s == "" {
-		return "", errors.New("claim statement not captured")
+	if q == "" {
+		return "", errors.New("claim statement not captured (no held batch in pg_stat_activity)")
 	}
-	return s, nil
+	q = strings.Replace(q, "$1", fmt.Sprintf("'%d'", hold.Milliseconds()), 1)
+	return strings.Replace(q, "$2", fmt.Sprint(limit), 1), nil
 }
 
 // backlogScenario fills the BareWire outbox and the baseline's with N
@@ -211,10 +219,8 @@ FROM generate_series($4::int, $5::int) g`
 	}
 
 	tr = newTracker()
-	capture := &sqlCapture{marker: "SKIP LOCKED"}
 	p := newBareWire(r.cfg, r.env, tr, "bkw")
 	p.noConsumer = true
-	p.lg = capture
 	if err := p.prepare(ctx); err != nil {
 		_ = p.Close(ctx)
 		return err
@@ -235,7 +241,7 @@ FROM generate_series($4::int, $5::int) g`
 	res, err := r.drainBacklog(ctx, pool, n, wInsert, p.prefix+"outbox", "", "barewire",
 		func() (*drainer, error) {
 			var err error
-			claim, err = captureClaim(ctx, p, capture)
+			claim, err = captureClaim(ctx, p)
 			if err != nil {
 				return nil, err
 			}

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
@@ -73,7 +70,7 @@ func afterCommit(tx *gorm.DB, f func(time.Time)) bool {
 
 // openHookedPostgres opens PostgreSQL through GORM on a hookPool with the
 // same pool bounds postgresdb.Open uses unless maxConns says more.
-func openHookedPostgres(dsn string, maxConns int, lg logger.Interface) (*gorm.DB, error) {
+func openHookedPostgres(dsn string, maxConns int) (*gorm.DB, error) {
 	sqlDB, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return nil, err
@@ -81,10 +78,7 @@ func openHookedPostgres(dsn string, maxConns int, lg logger.Interface) (*gorm.DB
 	sqlDB.SetMaxOpenConns(maxConns)
 	sqlDB.SetMaxIdleConns(maxConns)
 	sqlDB.SetConnMaxLifetime(30 * time.Minute)
-	if lg == nil {
-		lg = logger.Default.LogMode(logger.Silent)
-	}
-	db, err := gorm.Open(postgres.New(postgres.Config{Conn: hookPool{sqlDB}}), &gorm.Config{Logger: lg})
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: hookPool{sqlDB}}), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 	if err != nil {
 		_ = sqlDB.Close()
 		return nil, err
@@ -96,39 +90,4 @@ func openHookedPostgres(dsn string, maxConns int, lg logger.Interface) (*gorm.DB
 		return nil, err
 	}
 	return db, nil
-}
-
-// sqlCapture is a GORM logger that, while armed, remembers the first
-// statement containing a marker, with its arguments inlined as GORM
-// renders them. The backlog scenario uses it to EXPLAIN the exact claim
-// query the outbox store sends.
-type sqlCapture struct {
-	armed  atomic.Bool
-	marker string
-	mu     sync.Mutex
-	got    string
-}
-
-func (c *sqlCapture) LogMode(logger.LogLevel) logger.Interface { return c }
-func (c *sqlCapture) Info(context.Context, string, ...any)     {}
-func (c *sqlCapture) Warn(context.Context, string, ...any)     {}
-func (c *sqlCapture) Error(context.Context, string, ...any)    {}
-func (c *sqlCapture) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
-	if !c.armed.Load() {
-		return
-	}
-	s, _ := fc()
-	if strings.Contains(s, c.marker) {
-		c.mu.Lock()
-		if c.got == "" {
-			c.got = s
-		}
-		c.mu.Unlock()
-	}
-}
-
-func (c *sqlCapture) captured() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.got
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
@@ -51,7 +50,6 @@ type barewirePipe struct {
 	// partitions > 0 makes the endpoint Ordered(partitions) and gives
 	// every message one of keys ordering keys (ordering.go).
 	partitions, keys int
-	lg               logger.Interface
 
 	db                                       *gorm.DB
 	b                                        *bus.Bus
@@ -123,7 +121,7 @@ func (p *barewirePipe) prepare(ctx context.Context) error {
 			p.env.addExchanges(p.queue+".ordered", p.queue+".unkeyed")
 		}
 	}
-	db, err := openHookedPostgres(p.env.dsn, p.cfg.producers+p.cfg.consumers+8, p.lg)
+	db, err := openHookedPostgres(p.env.dsn, p.cfg.producers+p.cfg.consumers+8)
 	if err != nil {
 		return err
 	}

@@ -116,7 +116,7 @@ func (r *runner) rrBareWire(ctx context.Context) (func(context.Context, int) err
 	r.env.addQueues(queue, queue+"_error")
 	r.env.addExchanges(typ)
 	r.env.addTables(prefix+"inbox", prefix+"outbox")
-	db, err := openHookedPostgres(r.env.dsn, rrConcurrency+8, nil)
+	db, err := openHookedPostgres(r.env.dsn, rrConcurrency+8)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -168,7 +168,7 @@ func (r *runner) sagaRun(ctx context.Context, v sagaVariant, k int) (Result, err
 	if err != nil {
 		return Result{}, err
 	}
-	db, err := openHookedPostgres(r.env.dsn, r.cfg.consumers+8, nil)
+	db, err := openHookedPostgres(r.env.dsn, r.cfg.consumers+8)
 	if err != nil {
 		return Result{}, err
 	}
