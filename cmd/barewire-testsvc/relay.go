@@ -67,8 +67,12 @@ func (r *relayRole) run(ctx context.Context, ready func()) error {
 	if err != nil {
 		return err
 	}
+	// A transport that writes to the database (the PostgreSQL transport)
+	// gets leased batches, as a bus's relay does: a held batch would keep
+	// a pool connection its delivery needs.
+	_, leased := tr.(transport.TxDeliverer)
 	relay := &outbox.Relay{
-		Store:           &crashingStore{Store: st.Outbox(), p: r.cfg.KillAfterConfirm, log: r.log},
+		Store:           &crashingStore{Store: st.Outbox(), leased: leased, p: r.cfg.KillAfterConfirm, log: r.log},
 		Transport:       tr,
 		Owner:           r.cfg.Instance + "/relay",
 		PollingInterval: r.cfg.PollingInterval,
@@ -92,14 +96,15 @@ func (r *relayRole) run(ctx context.Context, ready func()) error {
 // consumers' inboxes must absorb the repeats.
 type crashingStore struct {
 	outbox.Store
-	p   float64
-	log *slog.Logger
+	leased bool // lease batches even when the store could hold them
+	p      float64
+	log    *slog.Logger
 }
 
 func (s *crashingStore) ClaimBatch(ctx context.Context, owner string, limit int, hold time.Duration) (outbox.Batch, error) {
 	var b outbox.Batch
 	var err error
-	if bc, ok := s.Store.(outbox.BatchClaimer); ok {
+	if bc, ok := s.Store.(outbox.BatchClaimer); ok && !s.leased {
 		b, err = bc.ClaimBatch(ctx, owner, limit, hold)
 	} else {
 		b, err = outbox.ClaimLeased(ctx, s.Store, owner, limit, hold)
