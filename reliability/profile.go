@@ -19,6 +19,13 @@ const (
 	FaultConsumerKill FaultKind = "consumer-kill"
 	// FaultRelayKill SIGKILLs the stand-alone relay process and restarts it.
 	FaultRelayKill FaultKind = "relay-kill"
+	// FaultRelayStop SIGSTOPs the stand-alone relay process while it
+	// holds a claimed batch (its claim transaction open, found in
+	// pg_stat_activity), keeps it frozen until PostgreSQL has ended that
+	// transaction (RelayLease is its idle_in_transaction_session_timeout)
+	// and the other relays could take the rows, then SIGCONTs it: its late
+	// settlement must record nothing.
+	FaultRelayStop FaultKind = "relay-stop"
 	// FaultProducerKill SIGKILLs the producer mid-transaction and restarts it.
 	FaultProducerKill FaultKind = "producer-kill"
 	// FaultBrokerClose makes the broker close every connection of one
@@ -200,7 +207,7 @@ func ShortProfile() Profile {
 		// loaded machine.
 		Script: []FaultKind{
 			FaultStopCont, FaultConsumerKill, FaultRelayKill, FaultProducerKill,
-			FaultPGRestart, FaultConsumerKill, FaultBrokerClose,
+			FaultPGRestart, FaultRelayStop, FaultConsumerKill, FaultBrokerClose,
 		},
 		SpreadScript: true,
 		FaultGap:     3 * time.Second,
@@ -219,9 +226,9 @@ func LongProfile() Profile {
 	// machine; faster and the queues only grow.
 	p.Rate = envFloat("BAREWIRE_RELIABILITY_RATE", 100)
 	// Every kind once at the start, then random faults until the end.
-	p.Script = []FaultKind{FaultStopCont, FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultPGRestart, FaultBrokerClose}
+	p.Script = []FaultKind{FaultStopCont, FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultPGRestart, FaultRelayStop, FaultBrokerClose}
 	p.SpreadScript = false
-	p.Random = []FaultKind{FaultConsumerKill, FaultConsumerKill, FaultRelayKill, FaultBrokerClose, FaultStopCont, FaultProducerKill}
+	p.Random = []FaultKind{FaultConsumerKill, FaultConsumerKill, FaultRelayKill, FaultBrokerClose, FaultStopCont, FaultProducerKill, FaultRelayStop}
 	p.FaultGap = 5 * time.Second
 	p.LoadTimeout = envDuration("BAREWIRE_RELIABILITY_LOAD_TIMEOUT", 3*time.Hour)
 	p.DrainTimeout = 30 * time.Minute

@@ -661,6 +661,15 @@ func (r *run) injectOne(ctx context.Context, kind FaultKind, n int) (string, err
 		}
 		return relay.Name() + " restarted", nil
 
+	case FaultRelayStop:
+		if r.prof.Transport == TransportPostgres {
+			return "no relay traffic on the PostgreSQL transport (see relay-kill)", errSkipped
+		}
+		if relay == nil {
+			return "no stand-alone relay in this profile", errSkipped
+		}
+		return r.relayStop(ctx, relay)
+
 	case FaultProducerKill:
 		select {
 		case <-producer.Done():
@@ -831,6 +840,91 @@ func (r *run) stopCont(ctx context.Context, target *Proc, proxy *tcpproxy.Proxy)
 	fenced := target.Stats().Fenced - fencedBefore
 	return fmt.Sprintf("%s frozen %s with %d handlers in flight at its last report%s, %s, %d of %d locked inbox entries taken over by others; %d late commits refused",
 		target.Name(), frozen.Round(time.Millisecond), inFlight, caught, how, takenOver, len(locked), fenced), nil
+}
+
+// relayStop freezes the stand-alone relay while it holds a batch: one of
+// its sessions (found by application_name) is idle in the transaction of
+// its claim (the claim statement, FOR UPDATE SKIP LOCKED, was its last),
+// which is while the batch is published and its confirms awaited. It
+// polls pg_stat_activity for that moment, stops the process, and re-reads
+// it: a batch settled before the stop took effect means resuming and
+// trying again (20s at most, then it freezes the relay as it is). Frozen,
+// it waits until PostgreSQL has ended every such transaction of the relay
+// (RelayLease is their idle_in_transaction_session_timeout) and then one
+// second more, so that other relays claim the rows first, and resumes it.
+func (r *run) relayStop(ctx context.Context, relay *Proc) (string, error) {
+	appName := workload.ApplicationName(r.names.Run, relay.Name(), relay.Pid())
+	const q = `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = ? AND state = 'idle in transaction'
+    AND position('SKIP LOCKED' in query) > 0 AND position(? in query) > 0`
+	args := []any{appName, r.names.Prefix + "outbox"}
+	held := func() (int, error) {
+		var n int
+		err := r.db.WithContext(ctx).Raw(q, args...).Scan(&n).Error
+		return n, err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var inc *incarnation
+	var n, tries int
+	for {
+		busy, err := held()
+		if err != nil {
+			return "", err
+		}
+		last := time.Now().After(deadline)
+		if busy == 0 && !last {
+			if !sleepCtx(ctx, 2*time.Millisecond) {
+				return "", ctx.Err()
+			}
+			continue
+		}
+		tries++
+		if inc, err = relay.Signal(syscall.SIGSTOP); err != nil {
+			return "", err
+		}
+		if err := waitStopped(ctx, inc.cmd.Process.Pid); err != nil {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return "", err
+		}
+		if n, err = held(); err != nil {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return "", err
+		}
+		if n > 0 || last {
+			break
+		}
+		if err := inc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			return "", err
+		}
+	}
+	frozen := time.Now()
+	ended := time.Duration(0)
+	for ended == 0 && time.Since(frozen) < r.prof.RelayLease+30*time.Second {
+		left, err := held()
+		if err != nil {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return "", err
+		}
+		if left == 0 {
+			ended = time.Since(frozen)
+			break
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+			return "", ctx.Err()
+		}
+	}
+	if ended == 0 {
+		_ = inc.cmd.Process.Signal(syscall.SIGCONT)
+		return "", fmt.Errorf("%s frozen holding %d batches: PostgreSQL had not ended their transactions %v later (RelayLease %v)",
+			relay.Name(), n, time.Since(frozen).Round(time.Millisecond), r.prof.RelayLease)
+	}
+	sleepCtx(ctx, time.Second)
+	if err := inc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s frozen %v holding %d batches (%d tries); PostgreSQL ended their transactions %v after the stop (RelayLease %v)",
+		relay.Name(), time.Since(frozen).Round(time.Millisecond), n, tries, ended.Round(time.Millisecond), r.prof.RelayLease), nil
 }
 
 // freezeMidHandler SIGSTOPs target (PostgreSQL transport) at a moment when

@@ -89,7 +89,7 @@ func (r *Result) Summary() string {
 	line("settings: InboxLockTimeout %s, RelayLease %s, handler delay %s, concurrency %d/endpoint, first-attempt failure ratio %.2f, rollback %.2f, republish %.2f, kill-after-confirm %.2f/batch",
 		p.InboxLockTimeout, p.RelayLease, p.HandlerDelay, p.Concurrency, p.FailFirst, p.RollbackRatio, p.RepublishRatio, p.KillAfterConfirm)
 	var faults []string
-	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultProducerKill, FaultBrokerClose, FaultDBClose, FaultStopCont, FaultPGRestart, FaultNodeKill, FaultNodeStop} {
+	for _, k := range []FaultKind{FaultConsumerKill, FaultRelayKill, FaultRelayStop, FaultProducerKill, FaultBrokerClose, FaultDBClose, FaultStopCont, FaultPGRestart, FaultNodeKill, FaultNodeStop} {
 		if n := r.Faults[k]; n > 0 {
 			s := fmt.Sprintf("%s %d", k, n)
 			if k == FaultConsumerKill {
