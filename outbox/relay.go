@@ -31,7 +31,9 @@ type Relay struct {
 	// Store is claimed through its ClaimBatch when it is a BatchClaimer,
 	// through ClaimLeased otherwise. A store whose held batches would keep
 	// a connection the Transport needs (a transport writing to the same
-	// database pool) should be given with ClaimBatch hidden.
+	// database pool) should be given with ClaimBatch hidden, wrapped as
+	// struct{ outbox.Store }{s} (the bus does so for the PostgreSQL
+	// transport).
 	Store     Store
 	Transport Transport
 	// Owner identifies this relay in leases; unique per process.
