@@ -79,15 +79,7 @@ func TestDeferredEmptyTransactionSendsNothing(t *testing.T) {
 		d := gormstore.DeferredOf(tx)
 		ran := false
 		d.AfterCommit(func() { ran = true })
-		var err error
-		if commit {
-			err = d.CommitContext(ctx)
-		} else {
-			err = d.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		endDeferred(t, ctx, d, commit)
 		if got := w.n.Load() - before; got != 0 {
 			t.Errorf("commit=%v: %d round trips, want 0", commit, got)
 		}
@@ -133,14 +125,7 @@ func TestDeferredPrepareFirst(t *testing.T) {
 		if err := s.Outbox().Add(gormstore.WithTx(ctx, tx), []*outbox.Message{msg("out-"+id, "Out")}); err != nil {
 			t.Fatal(err)
 		}
-		if commit {
-			err = d.CommitContext(ctx)
-		} else {
-			err = d.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		endDeferred(t, ctx, d, commit)
 		_ = stmt.Close()
 		want := int64(0)
 		if commit {
@@ -255,5 +240,19 @@ func TestDeferredFirstExecNamedArgument(t *testing.T) {
 	}
 	if n := count(t, db, "SELECT count(*) FROM "+business+" WHERE id = 'named'"); n != 1 {
 		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// endDeferred commits d, or rolls it back, and fails the test on an error.
+func endDeferred(t *testing.T, ctx context.Context, d *gormstore.DeferredTx, commit bool) {
+	t.Helper()
+	var err error
+	if commit {
+		err = d.CommitContext(ctx)
+	} else {
+		err = d.Rollback()
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -438,14 +438,8 @@ func (o *Outbox) buildInsertSQL(n int, withXid bool) string {
 // Claim implements outbox.Store: up to limit claimable rows, earliest due
 // first (then lowest id), leased to owner.
 func (o *Outbox) Claim(ctx context.Context, owner string, limit int, lease time.Duration) ([]*outbox.Message, error) {
-	if owner == "" {
-		return nil, errors.New("gormstore: outbox claim: owner must not be empty")
-	}
-	if limit <= 0 {
-		return nil, fmt.Errorf("gormstore: outbox claim: limit must be positive, got %d", limit)
-	}
-	if lease <= 0 {
-		return nil, fmt.Errorf("gormstore: outbox claim: lease must be positive, got %v", lease)
+	if err := checkClaim(owner, limit, "lease", lease); err != nil {
+		return nil, err
 	}
 	var args []any
 	if o.s.dialect.name == DialectPostgres {
@@ -458,6 +452,21 @@ func (o *Outbox) Claim(ctx context.Context, owner string, limit int, lease time.
 		return nil, fmt.Errorf("gormstore: outbox claim: %w", err)
 	}
 	return toMessages(rows, true)
+}
+
+// checkClaim refuses the arguments no claim can run with; what names the
+// duration (a lease, a hold) in the error.
+func checkClaim(owner string, limit int, what string, d time.Duration) error {
+	if owner == "" {
+		return errors.New("gormstore: outbox claim: owner must not be empty")
+	}
+	if limit <= 0 {
+		return fmt.Errorf("gormstore: outbox claim: limit must be positive, got %d", limit)
+	}
+	if d <= 0 {
+		return fmt.Errorf("gormstore: outbox claim: %s must be positive, got %v", what, d)
+	}
+	return nil
 }
 
 func toMessages(rows []outboxRow, sortByID bool) ([]*outbox.Message, error) {

@@ -3,7 +3,6 @@ package gormstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -45,14 +44,8 @@ func (o *Outbox) ClaimBatch(ctx context.Context, owner string, limit int, hold t
 	if o.s.dialect.name != DialectPostgres {
 		return outbox.ClaimLeased(ctx, o, owner, limit, hold)
 	}
-	if owner == "" {
-		return nil, errors.New("gormstore: outbox claim: owner must not be empty")
-	}
-	if limit <= 0 {
-		return nil, fmt.Errorf("gormstore: outbox claim: limit must be positive, got %d", limit)
-	}
-	if hold <= 0 {
-		return nil, fmt.Errorf("gormstore: outbox claim: hold must be positive, got %v", hold)
+	if err := checkClaim(owner, limit, "hold", hold); err != nil {
+		return nil, err
 	}
 	c, pipe, err := o.heldConn(ctx)
 	if err != nil {

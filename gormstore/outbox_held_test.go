@@ -64,7 +64,7 @@ func TestClaimBatchInATransactionIsLeased(t *testing.T) {
 			t.Fatalf("ClaimBatch in a transaction claimed %d rows, want 1", len(batch.Messages()))
 		}
 		var lockedBy *string
-		if err := tx.Raw(`SELECT locked_by FROM `+s.TablePrefix()+`outbox`).Scan(&lockedBy).Error; err != nil {
+		if err := tx.Raw(`SELECT locked_by FROM ` + s.TablePrefix() + `outbox`).Scan(&lockedBy).Error; err != nil {
 			return err
 		}
 		if lockedBy == nil || *lockedBy != "relay-tx" {
@@ -77,5 +77,53 @@ func TestClaimBatchInATransactionIsLeased(t *testing.T) {
 	}
 	if st, err := s.Outbox().Stats(ctx); err != nil || st.Delivered != 1 {
 		t.Fatalf("Stats = %+v, %v; want 1 delivered", st, err)
+	}
+}
+
+// TestHeldBatchFreedWhenItsConnectionDies: a relay that dies (its
+// connection gone) frees its held rows at once, long before the hold (a
+// minute here) would have run out; its settlement, should it come, fails
+// and records nothing.
+func TestHeldBatchFreedWhenItsConnectionDies(t *testing.T) {
+	b := postgresBackend(t)
+	s, db := b.newStore(t)
+	ctx := context.Background()
+	if err := inTx(db)(ctx, func(ctx context.Context) error {
+		return s.Outbox().Add(ctx, []*outbox.Message{{MessageID: "d-0", Destination: "queue:q"}, {MessageID: "d-1", Destination: "queue:q"}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := s.Outbox().ClaimBatch(ctx, "relay-dead", 10, time.Minute)
+	if err != nil || len(batch.Messages()) != 2 {
+		t.Fatalf("ClaimBatch = %v, %v; want 2 rows", batch, err)
+	}
+	var killed int
+	if err := db.Raw(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'idle in transaction'
+  AND position('SKIP LOCKED' in query) > 0 AND position(? in query) > 0`, s.TablePrefix()+"outbox").Scan(&killed).Error; err != nil {
+		t.Fatal(err)
+	}
+	if killed != 1 {
+		t.Fatalf("terminated %d held-batch sessions, want 1", killed)
+	}
+	start := time.Now()
+	for {
+		got, err := s.Outbox().Claim(ctx, "relay-alive", 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 2 {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("5s after the holder's connection died another relay claims %d rows, want 2", len(got))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := batch.Settle(ctx, outbox.Settlement{Delivered: []int64{batch.Messages()[0].ID}}); err == nil {
+		t.Fatal("the dead holder's settlement succeeded")
+	}
+	if st, err := s.Outbox().Stats(ctx); err != nil || st.Delivered != 0 || st.Pending != 2 {
+		t.Fatalf("Stats = %+v, %v; want 2 pending, none delivered", st, err)
 	}
 }

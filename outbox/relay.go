@@ -28,8 +28,8 @@ const (
 // may run against one database: each batch is held by (or leased to) one relay, and rows
 // are marked delivered only after the transport confirmed them.
 type Relay struct {
-	// Store is claimed through its ClaimBatch when it is a BatchClaimer,
-	// through ClaimLeased otherwise. A store whose held batches would keep
+	// Store is claimed through ClaimBatch: its own ClaimBatch when it is
+	// a BatchClaimer, ClaimLeased otherwise. A store whose held batches would keep
 	// a connection the Transport needs (a transport writing to the same
 	// database pool) should be given with ClaimBatch hidden, wrapped as
 	// struct{ outbox.Store }{s} (the bus does so for the PostgreSQL
@@ -201,13 +201,7 @@ func (r *Relay) idleWait(ctx context.Context) time.Duration {
 // error (after releasing the rows without counting an attempt).
 func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 	r.init()
-	var batch Batch
-	var err error
-	if bc, ok := r.Store.(BatchClaimer); ok {
-		batch, err = bc.ClaimBatch(ctx, r.Owner, r.BatchSize, r.Lease)
-	} else {
-		batch, err = ClaimLeased(ctx, r.Store, r.Owner, r.BatchSize, r.Lease)
-	}
+	batch, err := ClaimBatch(ctx, r.Store, r.Owner, r.BatchSize, r.Lease)
 	if err != nil {
 		return 0, fmt.Errorf("claim: %w", err)
 	}

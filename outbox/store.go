@@ -155,6 +155,15 @@ type FailedRow struct {
 	MaxAttempts int
 }
 
+// ClaimBatch claims a batch from s as the Relay does: through s's own
+// ClaimBatch when s is a BatchClaimer, through ClaimLeased otherwise.
+func ClaimBatch(ctx context.Context, s Store, owner string, limit int, hold time.Duration) (Batch, error) {
+	if bc, ok := s.(BatchClaimer); ok {
+		return bc.ClaimBatch(ctx, owner, limit, hold)
+	}
+	return ClaimLeased(ctx, s, owner, limit, hold)
+}
+
 // ClaimLeased claims a batch from s through Claim, leased to owner for
 // lease; its Settle applies the settlement with MarkDelivered and Release,
 // each step on its own (a step that fails leaves its rows leased until the

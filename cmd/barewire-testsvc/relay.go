@@ -102,13 +102,11 @@ type crashingStore struct {
 }
 
 func (s *crashingStore) ClaimBatch(ctx context.Context, owner string, limit int, hold time.Duration) (outbox.Batch, error) {
-	var b outbox.Batch
-	var err error
-	if bc, ok := s.Store.(outbox.BatchClaimer); ok && !s.leased {
-		b, err = bc.ClaimBatch(ctx, owner, limit, hold)
-	} else {
-		b, err = outbox.ClaimLeased(ctx, s.Store, owner, limit, hold)
+	claim := outbox.ClaimBatch
+	if s.leased {
+		claim = outbox.ClaimLeased
 	}
+	b, err := claim(ctx, s.Store, owner, limit, hold)
 	if err != nil {
 		return nil, err
 	}

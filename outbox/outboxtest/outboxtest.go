@@ -969,17 +969,11 @@ func testNextDue(t *testing.T, s outbox.Store, inTx InTx) {
 	}
 }
 
-// claimBatch claims a batch the way the relay does: through the store's
-// ClaimBatch when it has one, outbox.ClaimLeased otherwise.
+// claimBatch claims a batch the way the relay does (outbox.ClaimBatch)
+// and checks its order.
 func claimBatch(t *testing.T, ctx context.Context, s outbox.Store, owner string, limit int, hold time.Duration) outbox.Batch {
 	t.Helper()
-	var b outbox.Batch
-	var err error
-	if bc, ok := s.(outbox.BatchClaimer); ok {
-		b, err = bc.ClaimBatch(ctx, owner, limit, hold)
-	} else {
-		b, err = outbox.ClaimLeased(ctx, s, owner, limit, hold)
-	}
+	b, err := outbox.ClaimBatch(ctx, s, owner, limit, hold)
 	if err != nil {
 		t.Fatalf("ClaimBatch(%s, %d): %v", owner, limit, err)
 	}
