@@ -36,3 +36,7 @@ func PgxConnError(dc any) error {
 func (s *Store) SetServerVersionNum(num int) {
 	s.versionNum = func(context.Context) (int, error) { return num, nil }
 }
+
+// ClaimHeldSQL is ClaimBatch's claim statement (PostgreSQL; $1 the hold in
+// milliseconds as text, $2 the limit).
+func (o *Outbox) ClaimHeldSQL() string { return o.claimHeldSQL }

@@ -160,12 +160,17 @@ SELECT id FROM {outbox} WHERE status = 'delivered' AND delivered_at < {now+?}
 LIMIT ? FOR UPDATE SKIP LOCKED)`)
 		// ClaimBatch's: the rows stay locked by the claiming transaction
 		// instead of leased. The one-row subquery sets the transaction's
-		// idle timeout (the batch's hold) in the same round trip. These
-		// run on a pgx connection directly ($n placeholders, arrays).
-		o.claimHeldSQL = s.dialect.bind(s.query(`SELECT ` + prefixColumns("cand.", outboxColumns) + `
-FROM (SELECT set_config('idle_in_transaction_session_timeout', ?, true)) AS hold, {outbox} AS cand
-WHERE ` + claimable + `
-` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED`))
+		// idle timeout (the batch's hold) in the same round trip; the
+		// claim is LATERAL to it, so that it runs first and once whether
+		// or not any row is claimed (a plain join evaluated it only for a
+		// first claimed row: an empty claim's transaction, frozen before
+		// its ROLLBACK, had no timeout). These run on a pgx connection
+		// directly ($n placeholders, arrays).
+		o.claimHeldSQL = s.dialect.bind(s.query(`SELECT ` + prefixColumns("c.", outboxColumns) + `
+FROM (SELECT set_config('idle_in_transaction_session_timeout', ?, true) AS h) AS hold
+CROSS JOIN LATERAL (SELECT ` + prefixColumns("cand.", outboxColumns) + ` FROM {outbox} AS cand
+WHERE hold.h IS NOT NULL AND ` + claimable + `
+` + claimOrder + ` LIMIT ? FOR UPDATE OF cand SKIP LOCKED) AS c`))
 		o.markHeldSQL = s.query(`UPDATE {outbox} SET status = 'delivered', delivered_at = {now}
 WHERE id = ANY($1) AND status = 'pending'`)
 		o.deleteHeldSQL = s.query(`DELETE FROM {outbox} WHERE id = ANY($1) AND status = 'pending'`)

@@ -127,3 +127,48 @@ WHERE datname = current_database() AND state = 'idle in transaction'
 		t.Fatalf("Stats = %+v, %v; want 2 pending, none delivered", st, err)
 	}
 }
+
+// TestClaimSetsHoldWithoutRows: the claim statement sets its transaction's
+// idle timeout (the batch's hold) even when it claims nothing, so that a
+// relay frozen between an empty claim and its ROLLBACK is ended after the
+// hold too.
+func TestClaimSetsHoldWithoutRows(t *testing.T) {
+	b := postgresBackend(t)
+	s, db := b.newStore(t)
+	ctx := context.Background()
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sqlDB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = c.ExecContext(ctx, "ROLLBACK") }()
+	rows, err := c.QueryContext(ctx, s.Outbox().ClaimHeldSQL(), "1234", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	if n != 0 {
+		t.Fatalf("the claim on an empty outbox returned %d rows", n)
+	}
+	var got string
+	if err := c.QueryRowContext(ctx, "SHOW idle_in_transaction_session_timeout").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "1234ms" {
+		t.Fatalf("idle_in_transaction_session_timeout after an empty claim = %q, want 1234ms", got)
+	}
+}
