@@ -202,6 +202,7 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 		// statements as with group commit off.
 		j := lockable[0]
 		j.err = j.alone()
+		bt.b.obs.batched(bt.ep.Name(), 1)
 		close(j.done)
 		return
 	}
@@ -251,6 +252,7 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 			return
 		}
 		errs := bt.store.ProcessBatch(ctx, bt.ep.Name(), items, time.Now().Add(bt.ep.Batch.MaxDuration))
+		bt.b.obs.batched(bt.ep.Name(), len(items))
 		// A statement of the batch's own failed (a StoreError): its
 		// transaction, and the release of its locks with it, may have
 		// failed with the database. Otherwise the failed items' locks

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/bus"
@@ -95,6 +97,12 @@ type batchProbe struct {
 
 func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Context, d *endpoint.Delivery) error, configure ...func(e *endpoint.Endpoint)) *batchProbe {
 	t.Helper()
+	return startBatchProbeWith(t, be, nil, consume, configure...)
+}
+
+// startBatchProbeWith is startBatchProbe with more bus options.
+func startBatchProbeWith(t *testing.T, be *batchBackend, more []bus.Option, consume func(ctx context.Context, d *endpoint.Delivery) error, configure ...func(e *endpoint.Endpoint)) *batchProbe {
+	t.Helper()
 	p := &batchProbe{gateIn: make(chan struct{}), release: make(chan struct{}), submitted: make(chan string, 64), calls: map[string]int{}}
 	var gateOnce sync.Once
 	opts := be.options(func(c *endpoint.Endpoints) {
@@ -121,7 +129,7 @@ func startBatchProbe(t *testing.T, be *batchBackend, consume func(ctx context.Co
 		})
 	}, func(o *outbox.Options) { o.InboxLockTimeout = time.Minute })
 	sig := newBusSignal() // so that waitStats works
-	b, err := bus.New(append(opts, bus.WithObserver(sig.fire))...)
+	b, err := bus.New(append(append(opts, more...), bus.WithObserver(sig.fire))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,6 +362,54 @@ func TestGroupCommitDuplicateInBatch(t *testing.T) {
 		got := be.effects(t, p.b)
 		if want := map[string]int{"gate": 1, "dup": 1, "c": 1}; !mapsEqual(got, want) {
 			t.Fatalf("effects %v, want %v", got, want)
+		}
+	})
+}
+
+// TestGroupCommitCountsBatches: Stats and barewire.consumer.batch.size
+// count the transactions group commit ran and the messages in them: the
+// gate alone (the per-message path, a batch of one), then the three
+// messages that waited behind it in one transaction.
+func TestGroupCommitCountsBatches(t *testing.T) {
+	batchBackends(t, func(t *testing.T, be *batchBackend) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		p := startBatchProbeWith(t, be, []bus.Option{bus.WithMeterProvider(mp)}, func(context.Context, *endpoint.Delivery) error { return nil })
+		p.publishBatch(t, be, "a", "b", "c")
+		waitStats(t, p.b, func(s bus.Stats) bool { return s.Consumed == 4 })
+		if batches, ok := p.sawBatch("a", "b", "c"); !ok {
+			t.Fatalf("batches %v: want one holding a, b and c", batches)
+		}
+		if s := p.b.Stats(); s.Batches != 2 || s.BatchedMessages != 4 {
+			t.Fatalf("Stats: %d batches of %d messages, want 2 of 4 (the gate alone, then a, b, c)", s.Batches, s.BatchedMessages)
+		}
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		var sizes []int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != "barewire.consumer.batch.size" {
+					continue
+				}
+				h, ok := m.Data.(metricdata.Histogram[int64])
+				if !ok {
+					t.Fatalf("%s has data %T", m.Name, m.Data)
+				}
+				for _, dp := range h.DataPoints {
+					if ep, _ := dp.Attributes.Value("endpoint"); ep.AsString() != be.q {
+						t.Fatalf("batch size recorded with endpoint %q, want %q", ep.AsString(), be.q)
+					}
+					min, _ := dp.Min.Value()
+					max, _ := dp.Max.Value()
+					sizes = append(sizes, int64(dp.Count), dp.Sum, min, max)
+				}
+			}
+		}
+		if want := []int64{2, 4, 1, 3}; !slices.Equal(sizes, want) {
+			t.Fatalf("barewire.consumer.batch.size count, sum, min, max = %v, want %v", sizes, want)
 		}
 	})
 }

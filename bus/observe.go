@@ -42,6 +42,9 @@ type observer interface {
 	// settled: the embedded transport settled a delivery or released a
 	// delayed one.
 	settled()
+	// batched: a group-commit worker of endpoint settled n messages
+	// through one transaction (n 1: the per-message path).
+	batched(endpoint string, n int)
 }
 
 // nopObserver lets an observer implement only what it uses.
@@ -55,6 +58,7 @@ func (nopObserver) published(context.Context, *outbox.Message, bool, bool)   {}
 func (nopObserver) delivered([]*outbox.Message, bool)                        {}
 func (nopObserver) outage(context.Context, bool)                             {}
 func (nopObserver) settled()                                                 {}
+func (nopObserver) batched(string, int)                                      {}
 
 // fanout is the bus's one observer: it calls each of its observers in turn.
 type fanout []observer
@@ -116,6 +120,12 @@ func (f fanout) outage(ctx context.Context, down bool) {
 func (f fanout) settled() {
 	for _, o := range f {
 		o.settled()
+	}
+}
+
+func (f fanout) batched(endpoint string, n int) {
+	for _, o := range f {
+		o.batched(endpoint, n)
 	}
 }
 

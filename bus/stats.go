@@ -40,6 +40,13 @@ type Stats struct {
 	// instance could not deliver because the requester's reply queue was
 	// gone (see docs/request-response.md).
 	ResponsesDropped int64
+	// Batches counts the transactions group commit (endpoint.Batch) ran:
+	// one per batch a worker settled, a batch of one (the per-message
+	// path, what a worker takes when nothing else waits) included; and
+	// BatchedMessages the messages in them. BatchedMessages / Batches is
+	// the mean batch: near 1 means group commit is not grouping (load too
+	// low, or more workers, ConcurrentMessageLimit, than messages waiting).
+	Batches, BatchedMessages int64
 }
 
 // counters is the observer behind Stats.
@@ -48,6 +55,7 @@ type counters struct {
 	consumed, duplicates, retries, redelivered, deadLettered, requeued, inFlight atomic.Int64
 	responsesDropped                                                             atomic.Int64
 	deadLettersReduced, deadLettersToOutbox                                      atomic.Int64
+	batches, batchedMessages                                                     atomic.Int64
 }
 
 func (c *counters) started(ctx context.Context, _ *delivery) context.Context {
@@ -56,6 +64,11 @@ func (c *counters) started(ctx context.Context, _ *delivery) context.Context {
 }
 
 func (c *counters) retried(context.Context, *delivery) { c.retries.Add(1) }
+
+func (c *counters) batched(_ string, n int) {
+	c.batches.Add(1)
+	c.batchedMessages.Add(int64(n))
+}
 
 func (c *counters) handled(_ context.Context, d *delivery) {
 	switch d.outcome {
@@ -92,5 +105,7 @@ func (b *Bus) Stats() Stats {
 		DeadLettersToOutbox: b.ctr.deadLettersToOutbox.Load(),
 		InFlight:            b.ctr.inFlight.Load(),
 		ResponsesDropped:    b.ctr.responsesDropped.Load(),
+		Batches:             b.ctr.batches.Load(),
+		BatchedMessages:     b.ctr.batchedMessages.Load(),
 	}
 }

@@ -58,6 +58,10 @@ const (
 	attrBWOutcome       = attribute.Key("barewire.outcome")
 )
 
+// batchBuckets are the boundaries of barewire.consumer.batch.size, up to
+// endpoint.MaxBatchMessages.
+var batchBuckets = []float64{1, 2, 4, 8, 16, 32, 64}
+
 // durationBuckets are histogram boundaries in seconds, from a millisecond
 // to ten minutes.
 var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
@@ -135,6 +139,7 @@ type telemetry struct {
 	dbPaused        metric.Int64UpDownCounter
 	handlerDuration metric.Float64Histogram
 	relayLag        metric.Float64Histogram
+	batchSize       metric.Int64Histogram
 
 	outboxPending, outboxParked, inboxLocks metric.Int64ObservableGauge
 	outboxOldest                            metric.Float64ObservableGauge
@@ -150,6 +155,9 @@ type telemetry struct {
 	// per pair since an attribute set costs allocations per use.
 	attrMu    sync.RWMutex
 	attrCache map[string]map[string]*deliveryAttrs
+	// epAttrs are the record options of the endpoint attribute alone, by
+	// endpoint (barewire.consumer.batch.size).
+	epAttrs sync.Map
 }
 
 // deliveryAttrs are the metric attributes of deliveries of one message
@@ -271,6 +279,12 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 	}
 	t.handlerDuration = histogram("barewire.handler.duration", "Time to handle one delivery: inbox, consumers, retries and settling.")
 	t.relayLag = histogram("barewire.relay.lag", "Time from an outbox row's creation to the broker's confirm of it.")
+	if t.batchSize, err = m.Int64Histogram("barewire.consumer.batch.size",
+		metric.WithDescription("Messages a group-commit worker settled through one transaction (1: the per-message path)."),
+		metric.WithUnit("{message}"), metric.WithExplicitBucketBoundaries(batchBuckets...)); err != nil {
+		otel.Handle(err)
+		t.batchSize, _ = noop.Int64Histogram("barewire.consumer.batch.size")
+	}
 
 	gauge := func(name, desc, unit string) metric.Int64ObservableGauge {
 		g, err := m.Int64ObservableGauge(name, metric.WithDescription(desc), metric.WithUnit(unit))
@@ -598,6 +612,15 @@ func (t *telemetry) handled(ctx context.Context, d *delivery) {
 		d.attrs.withOutcome(d.outcome)...)
 	d.span.SetAttributes(attrBWOutcome.String(d.outcome))
 	d.span.End()
+}
+
+// batched records the size of a group-commit transaction.
+func (t *telemetry) batched(endpoint string, n int) {
+	opts, ok := t.epAttrs.Load(endpoint)
+	if !ok {
+		opts, _ = t.epAttrs.LoadOrStore(endpoint, []metric.RecordOption{metric.WithAttributes(attrEndpoint.String(endpoint))})
+	}
+	t.batchSize.Record(context.Background(), int64(n), opts.([]metric.RecordOption)...)
 }
 
 // outage records the start (down) or end of a database outage.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -279,6 +280,17 @@ func (p *barewirePipe) Close(ctx context.Context) error {
 // Diag reports where messages wait (outbox or broker queue; on the
 // PostgreSQL transport, the queue table).
 func (p *barewirePipe) Diag(ctx context.Context) map[string]any {
+	d := p.diag(ctx)
+	// Group commit since the bus started (warm-up included): transactions
+	// and the mean messages per transaction (bus.Stats).
+	if st := p.b.Stats(); st.Batches > 0 {
+		d["group_commit_batches"] = st.Batches
+		d["group_commit_mean_batch"] = math.Round(float64(st.BatchedMessages)/float64(st.Batches)*100) / 100
+	}
+	return d
+}
+
+func (p *barewirePipe) diag(ctx context.Context) map[string]any {
 	if p.pgTransport {
 		d := map[string]any{}
 		for k, q := range map[string]string{
