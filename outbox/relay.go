@@ -253,12 +253,14 @@ func (r *Relay) DispatchOnce(ctx context.Context) (int, error) {
 			"messages", len(st.Later), "retry_in", st.LaterAfter)
 	}
 	var settleErr error
-	if err := batch.Settle(sctx, st); err != nil {
+	serr := batch.Settle(sctx, st)
+	if serr != nil {
 		// Rows not recorded are claimed again (a leased one after its
 		// lease) and sent again: a duplicate the receiving inbox absorbs,
 		// never a loss.
-		settleErr = fmt.Errorf("settle: %w", err)
-	} else if len(delivered) > 0 && r.OnDelivered != nil {
+		settleErr = fmt.Errorf("settle: %w", serr)
+	}
+	if (serr == nil || errors.Is(serr, ErrDeliveredRecorded)) && len(delivered) > 0 && r.OnDelivered != nil {
 		r.OnDelivered(delivered)
 	}
 	if down > 0 && ctx.Err() == nil {

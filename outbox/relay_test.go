@@ -18,6 +18,8 @@ type fakeStore struct {
 	claim     []*outbox.Message
 	delivered []int64
 	releases  []release
+	// markErr and releaseErr, when set, fail MarkDelivered and Release.
+	markErr, releaseErr error
 }
 
 type release struct {
@@ -33,11 +35,17 @@ func (s *fakeStore) Claim(context.Context, string, int, time.Duration) ([]*outbo
 }
 
 func (s *fakeStore) MarkDelivered(_ context.Context, _ string, ids []int64, _ bool) (int, error) {
+	if s.markErr != nil {
+		return 0, s.markErr
+	}
 	s.delivered = append(s.delivered, ids...)
 	return len(ids), nil
 }
 
 func (s *fakeStore) Release(_ context.Context, _ string, ids []int64, _ string, count bool, after time.Duration, _ int) error {
+	if s.releaseErr != nil {
+		return s.releaseErr
+	}
 	s.releases = append(s.releases, release{slices.Clone(ids), count, after})
 	return nil
 }
@@ -87,5 +95,47 @@ func TestRetryAfterError(t *testing.T) {
 	}
 	if outbox.RetryAfterAllowed(context.Background()) {
 		t.Error("a plain context allows RetryAfterError")
+	}
+}
+
+// TestRelayCountsRecordedDeliveriesWhenSettleFailsLater: a leased batch
+// settles step by step. When its delivered rows were marked but a failed
+// row's release then failed, the pass fails (the failed row waits for its
+// lease) and the delivered rows are still reported to OnDelivered (the
+// published-messages metric); when the mark itself failed they are not:
+// they will be sent again.
+func TestRelayCountsRecordedDeliveriesWhenSettleFailsLater(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		markErr, relErr  error
+		wantOnDelivered  []int64
+		wantRecordedFlag bool
+	}{
+		{"release fails after the mark", nil, errors.New("release: connection reset"), []int64{1}, true},
+		{"mark fails", errors.New("mark: connection reset"), nil, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store := &fakeStore{claim: []*outbox.Message{{ID: 1, MessageID: "a"}, {ID: 2, MessageID: "b"}},
+				markErr: c.markErr, releaseErr: c.relErr}
+			tr := fakeTransport(func(ctx context.Context, msgs []*outbox.Message) []error {
+				return []error{nil, errors.New("broker refused b")}
+			})
+			var onDelivered []int64
+			r := &outbox.Relay{Store: store, Transport: tr, Owner: "r1", OnDelivered: func(msgs []*outbox.Message) {
+				for _, m := range msgs {
+					onDelivered = append(onDelivered, m.ID)
+				}
+			}}
+			_, err := r.DispatchOnce(context.Background())
+			if err == nil {
+				t.Fatal("DispatchOnce succeeded; want the settlement's failure")
+			}
+			if got := errors.Is(err, outbox.ErrDeliveredRecorded); got != c.wantRecordedFlag {
+				t.Errorf("errors.Is(%v, ErrDeliveredRecorded) = %v, want %v", err, got, c.wantRecordedFlag)
+			}
+			if !slices.Equal(onDelivered, c.wantOnDelivered) {
+				t.Errorf("OnDelivered got %v, want %v", onDelivered, c.wantOnDelivered)
+			}
+		})
 	}
 }

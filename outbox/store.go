@@ -127,9 +127,16 @@ type Batch interface {
 	// once, without an attempt. Call it exactly once. When it fails, what
 	// it could not record is as if never claimed (for a leased batch, once
 	// the lease expires): confirmed rows among it are sent again, a
-	// duplicate the receiving inbox absorbs.
+	// duplicate the receiving inbox absorbs. A batch that settles step by
+	// step (a leased one) and recorded its Delivered rows before a later
+	// step failed returns an error wrapping ErrDeliveredRecorded.
 	Settle(ctx context.Context, s Settlement) error
 }
+
+// ErrDeliveredRecorded is wrapped by a Settle error after which the
+// settlement's Delivered rows were recorded all the same (a failed row's
+// release failed after the mark, say): they will not be sent again.
+var ErrDeliveredRecorded = errors.New("outbox: the delivered rows were recorded; another step of the settlement failed")
 
 // Settlement is what a relay pass decided for the rows of a batch.
 type Settlement struct {
@@ -187,12 +194,15 @@ func (b *leasedBatch) Messages() []*Message { return b.msgs }
 func (b *leasedBatch) Settle(ctx context.Context, st Settlement) error {
 	var errs []error
 	named := make(map[int64]bool, len(b.msgs))
+	marked := false
 	if len(st.Delivered) > 0 {
 		for _, id := range st.Delivered {
 			named[id] = true
 		}
 		if _, err := b.s.MarkDelivered(ctx, b.owner, st.Delivered, st.Delete); err != nil {
 			errs = append(errs, fmt.Errorf("mark delivered: %w", err))
+		} else {
+			marked = true
 		}
 	}
 	for _, f := range st.Failed {
@@ -219,6 +229,9 @@ func (b *leasedBatch) Settle(ctx context.Context, st Settlement) error {
 		if err := b.s.Release(ctx, b.owner, rest, "", false, 0, 0); err != nil {
 			errs = append(errs, fmt.Errorf("release: %w", err))
 		}
+	}
+	if marked && len(errs) > 0 {
+		errs = append([]error{ErrDeliveredRecorded}, errs...)
 	}
 	return errors.Join(errs...)
 }
