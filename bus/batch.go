@@ -252,7 +252,8 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 			return
 		}
 		errs := bt.store.ProcessBatch(ctx, bt.ep.Name(), items, time.Now().Add(bt.ep.Batch.MaxDuration))
-		bt.b.obs.batched(bt.ep.Name(), len(items))
+		// The ones not started go in the next transaction and count there.
+		bt.b.obs.batched(bt.ep.Name(), len(items)-countNotStarted(errs))
 		// A statement of the batch's own failed (a StoreError): its
 		// transaction, and the release of its locks with it, may have
 		// failed with the database. Otherwise the failed items' locks
@@ -292,6 +293,16 @@ func (bt *batcher) storeErr(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%w (%v)", errHandBack, err)
 	}
 	return &inbox.StoreError{Op: op, Err: err}
+}
+
+func countNotStarted(errs []error) int {
+	n := 0
+	for _, err := range errs {
+		if errors.Is(err, inbox.ErrNotStarted) {
+			n++
+		}
+	}
+	return n
 }
 
 func isClosed(ch <-chan struct{}) bool {

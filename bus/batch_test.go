@@ -415,7 +415,8 @@ func TestGroupCommitCountsBatches(t *testing.T) {
 }
 
 // TestGroupCommitMaxDurationSplitsBatch: once a batch has run
-// Batch.MaxDuration, the messages not started go in the next transaction:
+// Batch.MaxDuration, the messages not started go in the next transaction
+// (and count in Stats.Batches there):
 // with a bound that has always passed, the first message of the batch has
 // committed (it is visible from another connection) before the next one's
 // consumer runs; with the default bound it has not.
@@ -424,7 +425,8 @@ func TestGroupCommitMaxDurationSplitsBatch(t *testing.T) {
 		name          string
 		bound         time.Duration
 		wantCommitted bool
-	}{{"bound-passed", time.Nanosecond, true}, {"default", 0, false}} {
+		wantBatches   int64 // transactions: the gate's, then x and y's (one, or one each)
+	}{{"bound-passed", time.Nanosecond, true, 3}, {"default", 0, false, 2}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			env := newRealEnv(t)
@@ -456,6 +458,9 @@ func TestGroupCommitMaxDurationSplitsBatch(t *testing.T) {
 			second := order[2]
 			if got := seen[second] == 1; got != c.wantCommitted {
 				t.Fatalf("when %s's consumer ran, %s's effect was visible outside: %v, want %v", second, order[1], got, c.wantCommitted)
+			}
+			if st := p.b.Stats(); st.Batches != c.wantBatches || st.BatchedMessages != 3 {
+				t.Fatalf("Stats: %d transactions of %d messages, want %d of 3 (a message not started counts in the transaction it runs in)", st.Batches, st.BatchedMessages, c.wantBatches)
 			}
 		})
 	}
