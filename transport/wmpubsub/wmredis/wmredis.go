@@ -24,7 +24,14 @@ type Config struct {
 
 	// Options are the go-redis options of every client the preset opens;
 	// New sets Addr. Each subscriber and the publisher get a client of
-	// their own (watermill-redisstream closes it with them).
+	// their own (watermill-redisstream closes it with them). A queue's
+	// subscriber client serves every competing consumer of the queue in
+	// this process, and each of them holds a connection for each stream it
+	// reads (its queue's and one per consumed type) while XREADGROUP
+	// blocks, and needs another for each XACK: when PoolSize is 0 that
+	// client gets SubscriberPoolSize connections, not go-redis's 10 per
+	// CPU, whose wait for a free connection held every consumer up. A
+	// PoolSize you set is used as it is.
 	Options redis.Options
 	// Consumer names this instance in every consumer group. Keep it
 	// stable across restarts and distinct between instances, so that the
@@ -48,6 +55,12 @@ type Config struct {
 	// Defaults to 0.
 	MaxLen int64
 }
+
+// SubscriberPoolSize is the most connections a queue's subscriber client
+// opens when Config.Options.PoolSize is 0: room for several endpoints'
+// worth of competing consumers, each holding a connection per stream it
+// reads. go-redis opens connections only as they are needed.
+const SubscriberPoolSize = 1024
 
 // New returns a factory for bus.WithTransport running the bus on the Redis
 // server at addr (host:port). configure declares the receive endpoints and
@@ -79,7 +92,10 @@ func New(addr string, configure func(c *Config)) transport.Factory {
 			Queue: func(s string) string { return c.Prefix + QueuePrefix + s },
 		}
 		w.Semantics = wmpubsub.Semantics{NackRedelivers: true}
-		health := redis.NewClient(&c.Options)
+		// NewClient fills in the defaults of the Options it is given: a
+		// copy each, so that Options keeps what the caller set.
+		hopts := c.Options
+		health := redis.NewClient(&hopts)
 		w.Publisher = func(context.Context) (message.Publisher, error) {
 			opts := c.Options
 			return redisstream.NewPublisher(redisstream.PublisherConfig{
@@ -88,6 +104,9 @@ func New(addr string, configure func(c *Config)) transport.Factory {
 		}
 		w.Subscriber = func(_ context.Context, queue string) (message.Subscriber, error) {
 			opts := c.Options
+			if opts.PoolSize == 0 {
+				opts.PoolSize = SubscriberPoolSize
+			}
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client:                        redis.NewClient(&opts),
 				Unmarshaller:                  Marshaller{},
