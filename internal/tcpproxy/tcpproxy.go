@@ -116,6 +116,10 @@ func (p *Proxy) Cut() int {
 	for c := range p.conns {
 		conns = append(conns, c)
 	}
+	// Forgotten now, not when their pipes notice: a Cut or Down right
+	// after must not count them again (TestCut once saw Down count the
+	// pair an earlier Cut had closed).
+	clear(p.conns)
 	p.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
