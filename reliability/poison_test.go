@@ -126,6 +126,10 @@ func TestPoisonCheckerDetectsViolations(t *testing.T) {
 		}, "poison: 1 good messages dead-lettered"},
 		{"p99 over the bound", func(o *reliability.PoisonObservations) { o.Latency[1].P99 = 250 * time.Millisecond },
 			"good traffic's p99 during poison is 250ms, 2.50x the baselines' mean 100ms (bound 2.0x)"},
+		{"p99 over the ratio and the allowance", func(o *reliability.PoisonObservations) {
+			o.Bounds.P99Allowance = time.Second
+			o.Latency[1].P99 = 1200 * time.Millisecond
+		}, "good traffic's p99 during poison is 1.2s, 12.00x the baselines' mean 100ms (bound 2.0x or the baselines' mean + 1s)"},
 		{"no latency samples in the poison phase", func(o *reliability.PoisonObservations) { o.Latency[1] = reliability.PhaseLatency{Phase: "poison"} },
 			"poison: no latency samples (no good message processed) in phases poison"},
 		{"no latency samples in a baseline (the bus stalled for good)", func(o *reliability.PoisonObservations) {
@@ -142,6 +146,21 @@ func TestPoisonCheckerDetectsViolations(t *testing.T) {
 				t.Errorf("failures lack %q:\n%s", tc.want, f)
 			}
 		})
+	}
+}
+
+// TestPoisonAllowance: a p99 over the ratio but within the baselines' mean
+// plus P99Allowance passes (a preset's bounded head-of-line wait on a fast
+// machine); without an allowance the same p99 fails.
+func TestPoisonAllowance(t *testing.T) {
+	o := cleanPoison()
+	o.Latency[1].P99 = 900 * time.Millisecond // 9x the baselines' 100ms
+	if f := reliability.EvaluatePoison(o).Failures(); len(f) == 0 {
+		t.Fatal("9x the baselines passed a 2x bound without an allowance")
+	}
+	o.Bounds.P99Allowance = time.Second
+	if f := reliability.EvaluatePoison(o).Failures(); len(f) != 0 {
+		t.Fatalf("within the allowance, failures: %v", f)
 	}
 }
 
@@ -194,6 +213,13 @@ func TestPoisonBoundsPerPreset(t *testing.T) {
 	for _, tr := range reliability.WatermillTransports {
 		if got := reliability.ForWatermill(reliability.PoisonShortProfile(), tr).Poison.P99Ratio; got != want[tr] {
 			t.Errorf("%s poison-short: p99 bound %v, want %v", tr, got, want[tr])
+		}
+		wantAllowance := time.Duration(0)
+		if want[tr] == 12 {
+			wantAllowance = 1500 * time.Millisecond
+		}
+		if got := reliability.ForWatermill(reliability.PoisonShortProfile(), tr).Poison.P99Allowance; got != wantAllowance {
+			t.Errorf("%s poison-short: p99 allowance %v, want %v", tr, got, wantAllowance)
 		}
 		if got := reliability.ForWatermill(reliability.PoisonProfile(), tr).Poison.P99Ratio; got != 2 {
 			t.Errorf("%s poison (long): p99 bound %v, want 2", tr, got)

@@ -90,9 +90,14 @@ func ForWatermill(p Profile, transport string) Profile {
 			// was 8-9x the second baseline's on 2026-12-05 (551 and 772 ms
 			// against 67 and 85; p50 15-19 ms) and 5.3x the mean of both
 			// baselines in two CI runs, where the first baseline, whose
-			// p99 the run's first seconds set, was short. A stall of
-			// seconds still fails it.
+			// p99 the run's first seconds set, was short. On a quiet
+			// machine the baselines are 11-43 ms and the same wait made
+			// 15-41x (CI, 2026-12-05 evening: 552 and 656 ms): the wait
+			// is bounded by the poison classes' retries, not by the
+			// machine, so it is also allowed as such (1.5 s over the
+			// baselines' mean). A stall of seconds still fails it.
 			p.Poison.P99Ratio = 12
+			p.Poison.P99Allowance = 1500 * time.Millisecond
 		}
 	}
 	return p
