@@ -422,31 +422,17 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 	return OutcomeAcked, nil
 }
 
-// inTx runs fn in a transaction of its own and commits it (the consumers of
-// a message without the inbox: InboxOff, or no id). A failure to begin or
-// commit is the database's (an inbox.StoreError), fn's error is fn's.
-// On PostgreSQL with the postgresdb.Pipeline plugin it is a transaction of
-// Outbox.Begin, as b.Transaction's: its BEGIN goes with the consumer's
-// first statement and the outbox rows it published with the COMMIT, two
-// round trips for a consumer that runs one statement (three otherwise).
+// inTx runs fn in a transaction of its own (b.runTx, as b.Transaction's:
+// two round trips for a consumer that runs one statement on PostgreSQL
+// with the plugin) and commits it: the consumers of a message without the
+// inbox (InboxOff, or no id). A failure to begin or commit is the
+// database's (an inbox.StoreError), fn's error is fn's.
 func (b *Bus) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
 	var fnErr error
-	run := func(tx *gorm.DB) error {
+	err := b.runTx(ctx, func(tx *gorm.DB) error {
 		fnErr = fn(gormstore.WithTx(ctx, tx))
 		return fnErr
-	}
-	var err error
-	var tx *gorm.DB
-	if b.store != nil {
-		if tx, err = b.store.Outbox().Begin(ctx, b.db); err != nil {
-			return &inbox.StoreError{Op: "begin transaction", Err: err}
-		}
-	}
-	if tx != nil {
-		err = runDeferred(ctx, tx, run)
-	} else {
-		err = b.db.WithContext(ctx).Transaction(run)
-	}
+	})
 	if err != nil && fnErr == nil { // begin or commit failed, not the consumer
 		return &inbox.StoreError{Op: "transaction", Err: err}
 	}

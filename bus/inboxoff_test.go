@@ -19,7 +19,8 @@ import (
 // on the COMMIT), with the guarantees of a plain transaction: its write
 // and its publish commit together; a consumer that fails after both
 // leaves neither, is retried and dead-lettered; one that ignores a failed
-// statement is charged ErrTransactionAborted.
+// statement is charged ErrTransactionAborted. A message without an id on
+// an endpoint that processes it (ProcessMissingID) runs the same way.
 func TestInboxOffOnPostgres(t *testing.T) {
 	t.Parallel()
 	env := newPgEnv(t)
@@ -68,8 +69,17 @@ func TestInboxOffOnPostgres(t *testing.T) {
 			})
 		})
 		c.ReceiveEndpoint("off_error", dls.consumer)
+		c.ReceiveEndpoint("noid", func(e *endpoint.Endpoint) {
+			e.MissingMessageID = endpoint.ProcessMissingID
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				return write(ctx, "noid", "noid")
+			})
+		})
 	}))...)
 	ctx := context.Background()
+	if err := bus.DeliverRawForTest(b, "noid", []byte(`{}`)); err != nil { // only a raw publisher omits the id
+		t.Fatal(err)
+	}
 	for _, id := range []string{"ok", "fails", "ignores"} {
 		if err := b.Publish(ctx, OrderPlaced{OrderID: id}, bus.Headers{bus.HeaderMessageID: "off-" + id}); err != nil {
 			t.Fatal(err)
@@ -104,13 +114,13 @@ func TestInboxOffOnPostgres(t *testing.T) {
 	if err := env.db.Raw("SELECT message_id FROM " + effects + " ORDER BY message_id").Scan(&got).Error; err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(got, ",") != "ok" {
-		t.Errorf("effects %v, want only ok's", got)
+	if strings.Join(got, ",") != "noid,ok" {
+		t.Errorf("effects %v, want only noid's and ok's", got)
 	}
 	if failing.Load() != 2 {
 		t.Errorf("the failing consumer ran %d times, want 2 (one retry)", failing.Load())
 	}
-	if deferred.Load() != 5 || plain.Load() != 0 {
-		t.Errorf("%d runs in a deferred transaction, %d in a plain one; want 5 and 0", deferred.Load(), plain.Load())
+	if deferred.Load() != 6 || plain.Load() != 0 {
+		t.Errorf("%d runs in a deferred transaction, %d in a plain one; want 6 (the message without id's too) and 0", deferred.Load(), plain.Load())
 	}
 }

@@ -102,24 +102,30 @@ func (b *Bus) Transaction(ctx context.Context, fn func(tx *gorm.DB) error) error
 	if b.db == nil {
 		return ErrNotStarted
 	}
+	err := b.runTx(ctx, fn)
+	if err == nil {
+		b.wake()
+	}
+	return err
+}
+
+// runTx runs fn in a transaction on the bus's database and commits it, or
+// rolls it back when fn fails or panics: on PostgreSQL with the
+// postgresdb.Pipeline plugin a transaction of Outbox.Begin (its BEGIN sent
+// with fn's first statement, the outbox rows fn published with the
+// COMMIT), elsewhere GORM's. Transaction and the consumers without the
+// inbox (inTx) run on it.
+func (b *Bus) runTx(ctx context.Context, fn func(tx *gorm.DB) error) error {
 	if b.store != nil {
 		tx, err := b.store.Outbox().Begin(ctx, b.db)
 		if err != nil {
 			return fmt.Errorf("bus: begin transaction: %w", err)
 		}
 		if tx != nil {
-			err = runDeferred(ctx, tx, fn)
-			if err == nil {
-				b.wake()
-			}
-			return err
+			return runDeferred(ctx, tx, fn)
 		}
 	}
-	err := b.db.WithContext(ctx).Transaction(fn)
-	if err == nil {
-		b.wake()
-	}
-	return err
+	return b.db.WithContext(ctx).Transaction(fn)
 }
 
 // runDeferred runs fn in tx, a transaction of gormstore's Outbox.Begin, and
