@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	mrand "math/rand/v2"
 	"net"
 	"net/url"
@@ -853,21 +854,23 @@ func (r *run) stopCont(ctx context.Context, target *Proc, proxy *tcpproxy.Proxy)
 // (RelayLease is their idle_in_transaction_session_timeout) and then one
 // second more, so that other relays claim the rows first, and resumes it.
 func (r *run) relayStop(ctx context.Context, relay *Proc) (string, error) {
-	appName := workload.ApplicationName(r.names.Run, relay.Name(), relay.Pid())
 	const q = `SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = ? AND state = 'idle in transaction'
     AND position('SKIP LOCKED' in query) > 0 AND position(? in query) > 0`
-	args := []any{appName, r.names.Prefix + "outbox"}
-	held := func() (int, error) {
+	// The relay may die by itself at any moment (kill-after-confirm) and
+	// come back under another pid, so another application_name: held
+	// looks for the sessions of the incarnation it is given.
+	held := func(inc *incarnation) (int, error) {
 		var n int
-		err := r.db.WithContext(ctx).Raw(q, args...).Scan(&n).Error
+		appName := workload.ApplicationName(r.names.Run, relay.Name(), inc.cmd.Process.Pid)
+		err := r.db.WithContext(ctx).Raw(q, appName, r.names.Prefix+"outbox").Scan(&n).Error
 		return n, err
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	var inc *incarnation
 	var n, tries int
 	for {
-		busy, err := held()
+		busy, err := held(relay.current())
 		if err != nil {
 			return "", err
 		}
@@ -879,14 +882,22 @@ WHERE datname = current_database() AND application_name = ? AND state = 'idle in
 			continue
 		}
 		tries++
-		if inc, err = relay.Signal(syscall.SIGSTOP); err != nil {
-			return "", err
+		inc, err = relay.Signal(syscall.SIGSTOP)
+		if err == nil {
+			err = waitStopped(ctx, inc.cmd.Process.Pid)
 		}
-		if err := waitStopped(ctx, inc.cmd.Process.Pid); err != nil {
+		if errors.Is(err, os.ErrProcessDone) || errors.Is(err, errProcessGone) {
+			// It died by itself before the stop took: try its successor.
+			if err := relay.WaitReady(ctx); err != nil {
+				return "", err
+			}
+			continue
+		}
+		if err != nil {
 			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
 			return "", err
 		}
-		if n, err = held(); err != nil {
+		if n, err = held(inc); err != nil {
 			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
 			return "", err
 		}
@@ -900,7 +911,7 @@ WHERE datname = current_database() AND application_name = ? AND state = 'idle in
 	frozen := time.Now()
 	ended := time.Duration(0)
 	for ended == 0 && time.Since(frozen) < r.prof.RelayLease+30*time.Second {
-		left, err := held()
+		left, err := held(inc)
 		if err != nil {
 			_ = inc.cmd.Process.Signal(syscall.SIGCONT)
 			return "", err
@@ -997,12 +1008,20 @@ func waitStopped(ctx context.Context, pid int) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %v", errProcessGone, err)
+		}
 		if err != nil {
 			return err
 		}
 		// The state follows the parenthesized command name.
-		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
-			return nil
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+			switch b[i+2] {
+			case 'T', 't':
+				return nil
+			case 'Z', 'X':
+				return fmt.Errorf("%w: process %d is a zombie", errProcessGone, pid)
+			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("process %d did not stop within 5s", pid)
@@ -1012,6 +1031,10 @@ func waitStopped(ctx context.Context, pid int) error {
 		}
 	}
 }
+
+// errProcessGone is waitStopped's error for a process that exited before
+// it stopped.
+var errProcessGone = errors.New("process exited before it stopped")
 
 // sleepCtx waits d or until ctx is done; it reports whether d elapsed.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
