@@ -115,6 +115,14 @@ type probeMsg struct {
 	// deferred counts the confirms the transport did not trust (the
 	// suspect window): each was an ack, and the message was sent again.
 	deferred int
+	// verdict receives the publish's DeferredConfirmation (nil if the
+	// publish failed) once the publish call returned: the probe reads
+	// ack or nack there, not on NotifyPublish, which reports a nack that
+	// arrived out of order as part of a later multiple ack (issue 31).
+	verdict chan *amqp.DeferredConfirmation
+	// merged: NotifyPublish reported an ack while the publish's own
+	// confirm was a nack (amqp091's multiple ack over an earlier nack).
+	merged bool
 }
 
 type probeResult struct {
@@ -125,10 +133,14 @@ type probeResult struct {
 	// ack; caught: of them, those with fewer copies in the queue than
 	// acked sends, so that an untrusted ack was a lie the window caught.
 	deferred, caught int
-	extra, doubled   int // in a queue unacked / twice
-	lostQueues       int
-	lostAfterKill    []time.Duration
-	notes            []string
+	// merged: nacks NotifyPublish reported as acks (probeMsg.merged);
+	// mergedNotInQueue: of them, those no queue held (a reader of
+	// NotifyPublish counts them as acked and lost).
+	merged, mergedNotInQueue int
+	extra, doubled           int // in a queue unacked / twice
+	lostQueues               int
+	lostAfterKill            []time.Duration
+	notes                    []string
 }
 
 func (r *probeResult) add(o probeResult) {
@@ -143,6 +155,8 @@ func (r *probeResult) add(o probeResult) {
 	r.lostAfterNack += o.lostAfterNack
 	r.deferred += o.deferred
 	r.caught += o.caught
+	r.merged += o.merged
+	r.mergedNotInQueue += o.mergedNotInQueue
 	r.ackedAfterNack += o.ackedAfterNack
 	r.extra += o.extra
 	r.doubled += o.doubled
@@ -153,6 +167,7 @@ func (r *probeResult) add(o probeResult) {
 func (r *probeResult) String() string {
 	s := fmt.Sprintf("published %d, acked %d, nacked %d, unconfirmed %d, returned %d; LOST (acked, not in queue) %d in %d queues (of them mandatory %d, returned %d, acked after a nack on their channel %d of %d such acks); in queue but not acked %d, twice %d",
 		r.published, r.acked, r.nacked, r.unconfirmed, r.returned, r.lost, r.lostQueues, r.lostMandatory, r.lostReturned, r.lostAfterNack, r.ackedAfterNack, r.extra, r.doubled)
+	s += fmt.Sprintf("; nacks NotifyPublish reported as acks %d (%d of them in no queue)", r.merged, r.mergedNotInQueue)
 	if r.deferred > 0 {
 		s += fmt.Sprintf("; suspect window: %d messages sent again after an untrusted ack, %d of them with an ack the queue never held (caught)", r.deferred, r.caught)
 	}
@@ -251,15 +266,20 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 					m := tags[cf.DeliveryTag]
 					delete(tags, cf.DeliveryTag)
 					tmu.Unlock()
+					ack := cf.Ack
 					if m != nil {
+						if dc := <-m.verdict; dc != nil {
+							ack = dc.Acked()
+						}
+						m.merged = cf.Ack && !ack
 						mu.Lock()
 						m.confirmed = time.Now()
-						m.acked, m.nacked = cf.Ack, !cf.Ack
+						m.acked, m.nacked = ack, !ack
 						m.afterNack = sawNack
 						mu.Unlock()
 						<-sem
 					}
-					if !cf.Ack {
+					if !ack {
 						sawNack = true
 					}
 				case rt, ok := <-returns:
@@ -294,7 +314,8 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 			case sem <- struct{}{}:
 			}
 			q := queues[k%len(queues)]
-			m := &probeMsg{id: fmt.Sprintf("%s-%d-%d", sfx, q, k), queue: q, mandatory: mandatory, sent: time.Now()}
+			m := &probeMsg{id: fmt.Sprintf("%s-%d-%d", sfx, q, k), queue: q, mandatory: mandatory, sent: time.Now(),
+				verdict: make(chan *amqp.DeferredConfirmation, 1)}
 			mu.Lock()
 			all = append(all, m)
 			byID[m.id] = m
@@ -303,7 +324,9 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 			tmu.Lock()
 			tags[seq] = m
 			tmu.Unlock()
-			if err := ch.Publish(names[q], "", mandatory, false, amqp.Publishing{MessageId: m.id, DeliveryMode: amqp.Persistent, Body: []byte(m.id)}); err != nil {
+			dc, err := ch.PublishWithDeferredConfirm(names[q], "", mandatory, false, amqp.Publishing{MessageId: m.id, DeliveryMode: amqp.Persistent, Body: []byte(m.id)})
+			m.verdict <- dc
+			if err != nil {
 				t.Logf("publish: %v", err)
 				break
 			}
@@ -502,6 +525,12 @@ func (c *probeCluster) round(r, x, y, nq, inflight int) probeResult {
 		}
 		if m.returned != "" {
 			res.returned++
+		}
+		if m.merged {
+			res.merged++
+			if m.inQueue == 0 {
+				res.mergedNotInQueue++
+			}
 		}
 		if m.deferred > 0 {
 			res.deferred++

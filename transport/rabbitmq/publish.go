@@ -20,18 +20,29 @@ import (
 // basic.return before the basic.ack of the same message because amqp091
 // hands both over, in frame order, from its single reader goroutine and the
 // return channel is unbuffered.
+//
+// NotifyPublish only says when a publish was judged, never how: amqp091
+// (v1.16.0, unchanged in v1.17.0) hands a multiple ack to every tag from
+// the one it expects next up to the ack's tag, overwriting a nack it
+// already holds for a tag in between. RabbitMQ nacks a publish to a full
+// reject-publish queue at once and acks the publishes around it after
+// fsync, so the nack of a message was reported as an ack (issue 31: 35 of
+// 300 in TestNackAmongAcksIsNeverReadAsAck). The verdict of each publish
+// is read from its own DeferredConfirmation, which amqp091 settles before
+// it notifies NotifyPublish and which a later multiple ack never changes.
 type publisher struct {
 	t   *Transport
 	ch  *amqp.Channel
 	mu  sync.Mutex    // serializes publishing on ch
 	sem chan struct{} // one slot per unconfirmed publish
 
-	pmu     sync.Mutex
-	pending map[uint64]*pending // by delivery tag
-	dead    bool
-	deadErr error
-	nacked  bool          // the broker nacked a publish on ch: retire it
-	done    chan struct{} // closed once the channel is gone
+	pmu      sync.Mutex
+	pending  map[uint64]*pending // by delivery tag
+	dead     bool
+	deadErr  error
+	nacked   bool                 // the broker nacked a publish on ch: retire it
+	nackedTo map[destination]bool // where the nacked publishes went
+	done     chan struct{}        // closed once the channel is gone
 
 	// users counts the Deliver calls holding the shared publisher;
 	// retired means getPublisher hands it out no more: the last user
@@ -49,7 +60,15 @@ type pending struct {
 	returned  *amqp.Return
 	err       error
 	done      chan struct{}
+
+	// confirm is the publish's own verdict, set before published closes
+	// (closed once the publish call has returned, whatever it returned).
+	confirm   *amqp.DeferredConfirmation
+	published chan struct{}
 }
+
+// destination is where a publish went: its exchange and routing key.
+type destination struct{ exchange, key string }
 
 // getPublisher returns the current publisher channel, opening one when
 // needed. It never waits for a reconnect. The caller hands it back with
@@ -100,13 +119,14 @@ func (t *Transport) getPublisher() (*publisher, error) {
 // that lasts (a full queue with overflow reject-publish) costs one
 // channel per batch.
 //
-// Worse, such a channel later acks publishes that never reach the queue
-// (no nack, no basic.return even when mandatory): measured with
-// TestProbeQuorumLeaderLoss, every publish that was acked but lost had
-// been acked after a nack on its channel. So onConfirm does not trust an
-// ack that follows a nack on the same channel: Deliver sends that message
-// again on a new channel (a duplicate when the ack was true, which the
-// receiving inbox absorbs).
+// TestProbeQuorumLeaderLoss once measured such a channel acking publishes
+// that never reached the queue, every one after a nack on its channel; read
+// per publish (issue 31), those acks were nacks that amqp091's
+// NotifyPublish had folded into a later multiple ack (docs/guarantees.md,
+// known defects). onConfirm still does not trust an ack that follows a
+// nack to the same destination on the same channel: Deliver sends that
+// message again on a new channel (a duplicate when the ack was true, which
+// the receiving inbox absorbs).
 func (t *Transport) releasePublisher(p *publisher) {
 	p.pmu.Lock()
 	nacked := p.nacked
@@ -205,29 +225,64 @@ func (p *publisher) onConfirm(c amqp.Confirmation) {
 	if pp == nil {
 		return
 	}
+	ack := p.verdict(pp, c)
+	dest := destination{pp.exchange, pp.key}
 	p.pmu.Lock()
-	afterNack := p.nacked
-	if !c.Ack {
+	afterNack := p.nackedTo[dest]
+	if !ack {
 		p.nacked = true
+		if p.nackedTo == nil {
+			p.nackedTo = map[destination]bool{}
+		}
+		p.nackedTo[dest] = true
 	}
 	p.pmu.Unlock()
-	if !c.Ack && p.t != nil {
+	if !ack && p.t != nil {
 		p.t.suspect("nack")
 	}
 	switch {
-	case !c.Ack:
+	case !ack:
 		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
 	case afterNack:
 		// Not trusted: on RabbitMQ 3.10 a channel that got a nack from a
-		// quorum queue without a leader goes on to ack publishes that
-		// no queue ever holds (see releasePublisher). Deliver sends the
-		// message again on a new channel, as if it had been nacked.
+		// quorum queue without a leader goes on to ack publishes to that
+		// queue that it never holds (see releasePublisher). Deliver sends
+		// the message again on a new channel, as if it had been nacked.
+		// Publishes to other destinations are judged on their own: a
+		// full reject-publish queue must not charge its neighbours (on a
+		// cluster, the suspect window covers a nack's wider effects).
 		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key, ackAfterNack: true}
 	case pp.returned != nil:
 		pp.err = &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
 			Code: pp.returned.ReplyCode, Text: pp.returned.ReplyText}
 	}
 	close(pp.done)
+}
+
+// verdict is the broker's answer for pp, which c (from NotifyPublish) says
+// has come: the ack or nack of pp's own DeferredConfirmation (see
+// publisher), not c.Ack, which may be a later multiple ack's.
+func (p *publisher) verdict(pp *pending, c amqp.Confirmation) bool {
+	if pp.published == nil {
+		return c.Ack // a pending made by hand in a unit test
+	}
+	// The publish call returns at once after its frames are written; the
+	// broker cannot confirm a publish before that, so this wait is short.
+	<-pp.published
+	if pp.confirm == nil {
+		return c.Ack
+	}
+	select {
+	case <-pp.confirm.Done():
+		return pp.confirm.Acked()
+	default:
+		// amqp091 settles a DeferredConfirmation before it notifies
+		// NotifyPublish: this cannot happen. Count it as a nack, which
+		// sends the message again, rather than trust c.Ack.
+		p.t.log.Error("rabbitmq confirm arrived before the publish's own verdict; treated as a nack",
+			slog.String("message_id", pp.messageID), slog.Uint64("delivery_tag", pp.tag))
+		return false
+	}
 }
 
 // onReturn marks the oldest unconfirmed publish that matches the returned
@@ -563,7 +618,8 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 			return
 		}
 		tag := p.ch.GetNextPublishSeqNo()
-		pp := &pending{tag: tag, exchange: j.exchange, key: j.key, messageID: j.pub.MessageId, done: make(chan struct{})}
+		pp := &pending{tag: tag, exchange: j.exchange, key: j.key, messageID: j.pub.MessageId,
+			done: make(chan struct{}), published: make(chan struct{})}
 		p.pmu.Lock()
 		if p.dead {
 			<-p.sem
@@ -576,6 +632,8 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 
 		j.sent = time.Now()
 		dc, err := p.ch.PublishWithDeferredConfirm(j.exchange, j.key, j.mandatory, false, j.pub)
+		pp.confirm = dc
+		close(pp.published)
 		if err != nil {
 			if p.take(tag) != nil {
 				close(pp.done)

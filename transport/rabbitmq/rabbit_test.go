@@ -1061,15 +1061,20 @@ func TestNackRetiresThePublishChannel(t *testing.T) {
 }
 
 // TestAckAfterNackIsNotTrusted feeds a publisher a nack and then acks: an
-// ack that follows a nack on the same channel must come out as a nacked
-// publish (sent again by Deliver on a new channel), since on RabbitMQ 3.10
-// such acks were measured for messages no queue ever held; an ack before
-// the nack stands.
+// ack that follows a nack to the same destination on the same channel must
+// come out as a nacked publish (sent again by Deliver on a new channel),
+// since on RabbitMQ 3.10 such acks were measured for messages no queue ever
+// held; an ack before the nack stands, and so does an ack to another
+// destination (a full queue must not charge its neighbours: issue 31).
 func TestAckAfterNackIsNotTrusted(t *testing.T) {
-	p := &publisher{sem: make(chan struct{}, 3), pending: map[uint64]*pending{}, done: make(chan struct{})}
+	p := &publisher{sem: make(chan struct{}, 4), pending: map[uint64]*pending{}, done: make(chan struct{})}
 	var pps []*pending
-	for tag := uint64(1); tag <= 3; tag++ {
-		pp := &pending{tag: tag, exchange: "x", messageID: fmt.Sprint("m", tag), done: make(chan struct{})}
+	for tag := uint64(1); tag <= 4; tag++ {
+		exchange := "x"
+		if tag == 4 {
+			exchange = "y"
+		}
+		pp := &pending{tag: tag, exchange: exchange, messageID: fmt.Sprint("m", tag), done: make(chan struct{})}
 		p.sem <- struct{}{}
 		p.pending[tag] = pp
 		pps = append(pps, pp)
@@ -1077,6 +1082,7 @@ func TestAckAfterNackIsNotTrusted(t *testing.T) {
 	p.onConfirm(amqp.Confirmation{DeliveryTag: 1, Ack: true})
 	p.onConfirm(amqp.Confirmation{DeliveryTag: 2, Ack: false})
 	p.onConfirm(amqp.Confirmation{DeliveryTag: 3, Ack: true})
+	p.onConfirm(amqp.Confirmation{DeliveryTag: 4, Ack: true})
 	for _, pp := range pps {
 		<-pp.done
 	}
@@ -1092,6 +1098,9 @@ func TestAckAfterNackIsNotTrusted(t *testing.T) {
 	}
 	if errors.Is(pps[2].err, outbox.ErrTransportUnavailable) {
 		t.Error("an untrusted ack must count as an attempt, like the nack it follows")
+	}
+	if pps[3].err != nil {
+		t.Errorf("ack to another destination after the nack: %v, want nil", pps[3].err)
 	}
 	if len(p.sem) != 0 {
 		t.Errorf("%d publish slots still taken", len(p.sem))

@@ -37,6 +37,37 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: func(typ string) string { return typ },
+		// The type's exchange routes to a full queue that rejects new
+		// messages: the broker nacks every publish.
+		Refuse: func(t *testing.T, topic string) {
+			conn, err := amqp.Dial(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			full := topic + ".full"
+			t.Cleanup(func() { deleteTopology(t, url, []string{full}, []string{topic}) })
+			if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.QueueDeclare(full, true, false, false, false, amqp.Table{"x-max-length": 1, "x-overflow": "reject-publish"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.QueueBind(full, "", topic, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			dc, err := ch.PublishWithDeferredConfirm("", full, false, false, amqp.Publishing{Body: []byte("fill")})
+			if err != nil || !dc.Wait() {
+				t.Fatalf("fill the full queue: %v", err)
+			}
+		},
 		QueueTopicExists: func(t *testing.T, queue string) bool {
 			conn, err := amqp.Dial(url)
 			if err != nil {

@@ -44,6 +44,25 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: preset.Name,
+		// The type's stream holds one message and discards new ones:
+		// JetStream refuses every publish ("maximum messages exceeded").
+		Refuse: func(t *testing.T, topic string) {
+			conn, err := nats.Connect(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			js, err := conn.JetStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.AddStream(&nats.StreamConfig{Name: topic, Subjects: []string{topic}, MaxMsgs: 1, Discard: nats.DiscardNew}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(topic, []byte("fill")); err != nil {
+				t.Fatal(err)
+			}
+		},
 		QueueTopicExists: func(t *testing.T, queue string) bool {
 			conn, err := nats.Connect(url)
 			if err != nil {

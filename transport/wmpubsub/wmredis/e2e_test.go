@@ -56,6 +56,15 @@ func TestEndToEnd(t *testing.T) {
 			}
 		},
 		TypeTopic: func(typ string) string { return typ },
+		// The type's key holds a string: Redis refuses every XADD to it
+		// (WRONGTYPE).
+		Refuse: func(t *testing.T, topic string) {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			if err := c.Set(context.Background(), topic, "not a stream", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
 		QueueTopicExists: func(t *testing.T, queue string) bool {
 			c := redis.NewClient(&redis.Options{Addr: addr})
 			defer c.Close()

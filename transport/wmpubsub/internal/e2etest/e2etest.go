@@ -62,6 +62,10 @@ type Config struct {
 	QueueTopicExists func(t *testing.T, queue string) bool
 	// Cleanup deletes the endpoints' queues and the types' topics.
 	Cleanup func(t *testing.T, queues, types []string)
+	// Refuse makes the Pub/Sub refuse every later publish to topic (a
+	// full queue or stream that rejects new messages, a key of another
+	// type), for the RefusedPublishNeverDelivered case. Required.
+	Refuse func(t *testing.T, topic string)
 }
 
 // Order is the test's message.
@@ -92,6 +96,7 @@ func Run(t *testing.T, c Config) {
 		}
 		departed(t, c)
 	})
+	t.Run("RefusedPublishNeverDelivered", func(t *testing.T) { refused(t, c) })
 	t.Run("RequestResponse", func(t *testing.T) { requestResponse(t, c) })
 	t.Run("RequestToNoConsumerFailsFast", func(t *testing.T) { requestNoConsumer(t, c) })
 	t.Run("ReplyTopicRemovedAtStop", func(t *testing.T) { replyTopicRemoved(t, c) })
@@ -142,7 +147,8 @@ func newEnv(t *testing.T, c Config) *env {
 func (e *env) name(s string) string { return s + "-" + e.suffix }
 
 // start starts a bus on the preset; queues and types are cleaned up after.
-func (e *env) start(slow bool, queues, types []string, declare func(*endpoint.Endpoints)) *bus.Bus {
+// more edit the outbox options after the suite's own.
+func (e *env) start(slow bool, queues, types []string, declare func(*endpoint.Endpoints), more ...func(*outbox.Options)) *bus.Bus {
 	t := e.t
 	if e.c.Cleanup != nil {
 		t.Cleanup(func() { e.c.Cleanup(t, append(queues, errorQueues(queues)...), types) })
@@ -160,7 +166,12 @@ func (e *env) start(slow bool, queues, types []string, declare func(*endpoint.En
 	b, err := bus.New(
 		bus.WithLogger(slog.New(replyRecorder{e})),
 		bus.WithDatabase(e.db),
-		bus.WithOutbox(func(o *outbox.Options) { o.PollingInterval = 100 * time.Millisecond }),
+		bus.WithOutbox(func(o *outbox.Options) {
+			o.PollingInterval = 100 * time.Millisecond
+			for _, f := range more {
+				f(o)
+			}
+		}),
 		bus.WithObserver(func(ev bus.Event) {
 			if ev.Kind != bus.EventHandled {
 				return
@@ -591,4 +602,79 @@ func requestResponse(t *testing.T, c Config) {
 			t.Error(err)
 		}
 	})
+}
+
+// refused: the Pub/Sub refuses every publish of one message type (Refuse)
+// while another type is accepted. A publish the broker refused must never
+// be recorded as delivered (issue 31 found RabbitMQ's nacks read as acks
+// on the bus's own transport): a direct Publish returns the error, and
+// outbox rows of the refused type are retried and parked with the
+// broker's reason after MaxAttempts, while their neighbours in the same
+// transactions and batches are delivered at their first attempt.
+func refused(t *testing.T, c Config) {
+	if c.Refuse == nil {
+		t.Fatal("Config.Refuse is required")
+	}
+	e := newEnv(t, c)
+	bad, good := e.name("Refused"), e.name("Accepted")
+	const maxAttempts = 2
+	b := e.start(false, nil, []string{bad, good}, func(*endpoint.Endpoints) {}, func(o *outbox.Options) {
+		o.MaxAttempts = maxAttempts
+	})
+	c.Refuse(t, c.TypeTopic(bad))
+	ctx := context.Background()
+	if err := b.Publish(ctx, Order{}, bus.Headers{bus.HeaderMessageID: e.name("direct"), bus.HeaderMessageType: bad}); err == nil {
+		t.Error("a direct Publish the Pub/Sub refused returned no error")
+	}
+	const n = 10
+	isBad := map[string]bool{}
+	err := e.db.Transaction(func(tx *gorm.DB) error {
+		for i := range 2 * n {
+			id, typ := e.name(fmt.Sprintf("row-%02d", i)), good
+			if i%2 == 1 {
+				typ = bad
+				isBad[id] = true
+			}
+			if err := b.PublishTx(ctx, tx, Order{N: i}, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: typ}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []*outbox.Message
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rows, err = b.OutboxStore().List(ctx, outbox.Query{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled := 0
+		for _, m := range rows {
+			if m.Status != outbox.StatusPending {
+				settled++
+			}
+		}
+		if settled == len(rows) && len(rows) == 2*n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows settled after 30s (a refused row retries after 1s and parks at attempt %d)", settled, 2*n, maxAttempts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, m := range rows {
+		switch {
+		case isBad[m.MessageID] && m.Status == outbox.StatusDelivered:
+			t.Errorf("row %s marked delivered: the Pub/Sub refused it (lost)", m.MessageID)
+		case isBad[m.MessageID] && (m.Attempts != maxAttempts || m.LastError == ""):
+			t.Errorf("refused row %s: %s after %d attempts (%q), want parked after %d with the reason", m.MessageID, m.Status, m.Attempts, m.LastError, maxAttempts)
+		case !isBad[m.MessageID] && (m.Status != outbox.StatusDelivered || m.Attempts != 0):
+			t.Errorf("accepted row %s: %s after %d failed attempts (%q), want delivered at once", m.MessageID, m.Status, m.Attempts, m.LastError)
+		case isBad[m.MessageID] && m.MessageID == e.name("row-01"):
+			t.Logf("a refused row's last error: %s", m.LastError)
+		}
+	}
 }

@@ -1,0 +1,72 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/outbox"
+)
+
+// TestNackAmongAcksIsNeverReadAsAck mixes, on one confirm channel,
+// publishes to a full queue (overflow reject-publish: the broker nacks them
+// at once) with persistent publishes to a healthy durable queue (acked after
+// fsync, so the acks come after the nacks, as one multiple ack). amqp091's
+// NotifyPublish merges such a nack into the later multiple ack; a transport
+// that read confirms there reported rejected messages delivered (issue 31:
+// 40 of 80 in a plain amqp091 program). Over many rounds: every message to
+// the full queue fails as a nack of its own (an attempt of its row, never
+// success, never "transport unavailable"), and every healthy message is
+// confirmed, never charged because of a neighbour's nack.
+func TestNackAmongAcksIsNeverReadAsAck(t *testing.T) {
+	pl := newPlain(t)
+	healthy, full := uniq("confirm-ok"), uniq("confirm-full")
+	pl.cleanupQueues(healthy, full)
+	cfg := &Config{}
+	cfg.Topology.DeclareQueue(endpoint.Queue{Name: healthy})
+	cfg.Topology.DeclareQueue(endpoint.Queue{Name: full, MaxLength: 1, Overflow: "reject-publish"})
+	tr := startTransport(t, cfg)
+	ctx := context.Background()
+	if err := tr.Deliver(ctx, []*outbox.Message{{MessageID: "fill", Destination: "queue:" + full}})[0]; err != nil {
+		t.Fatal(err)
+	}
+
+	const rounds, perRound = 20, 60
+	var rejected, delivered int
+	for r := range rounds {
+		msgs := make([]*outbox.Message, perRound)
+		for i := range msgs {
+			dest := healthy
+			if i%4 == 1 {
+				dest = full
+			}
+			msgs[i] = &outbox.Message{MessageID: fmt.Sprintf("r%d-%d-%s", r, i, dest[len(dest)-8:]),
+				Destination: "queue:" + dest, Payload: []byte("payload")}
+		}
+		for i, err := range tr.Deliver(outbox.WithRetryAfter(ctx), msgs) {
+			toFull := i%4 == 1
+			var ne *nackedError
+			switch {
+			case toFull && err == nil:
+				t.Errorf("round %d: message %s to the full queue reported delivered: the broker nacked it", r, msgs[i].MessageID)
+			case toFull && (!errors.As(err, &ne) || ne.ackAfterNack || errors.Is(err, outbox.ErrTransportUnavailable)):
+				t.Errorf("round %d: message %s to the full queue: %v, want the broker's nack, charged to its row", r, msgs[i].MessageID, err)
+			case toFull:
+				rejected++
+			case err != nil:
+				t.Errorf("round %d: healthy message %s: %v, want it confirmed (not charged for a neighbour's nack)", r, msgs[i].MessageID, err)
+			default:
+				delivered++
+			}
+		}
+	}
+	if got := pl.count(full); got != 1 {
+		t.Errorf("the full queue holds %d messages, want 1", got)
+	}
+	if got := pl.count(healthy); got != delivered {
+		t.Errorf("the healthy queue holds %d messages, want the %d confirmed", got, delivered)
+	}
+	t.Logf("%d rejected, %d delivered", rejected, delivered)
+}
