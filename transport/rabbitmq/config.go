@@ -70,22 +70,22 @@ type Config struct {
 	// publish confirms are not trusted. Failure signals: the connection
 	// lost or made again, a nack on any publish channel, a publish channel
 	// retired or opened again, and Start itself when more than one broker
-	// address is configured (a process may start during an election). A
-	// message whose publish was sent within SuspectWindow after the latest
-	// signal is sent again once the window has passed (same message id: a
-	// duplicate when the first confirm was true, which the receiving inbox
-	// absorbs). The outbox relay does not mark such a row delivered: it
-	// releases it, without counting an attempt, until the window is over;
-	// a direct Deliver (Publish without the outbox, replies, dead letters)
-	// waits for the window and sends again before it returns. Without a
-	// failure signal nothing changes: no extra send, no extra wait.
+	// address is configured. A message whose publish was sent within
+	// SuspectWindow after the latest signal is sent again once the window
+	// has passed (same message id: a duplicate when the first confirm was
+	// true, which the receiving inbox absorbs). The outbox relay does not
+	// mark such a row delivered: it releases it, without counting an
+	// attempt, until the window is over; a direct Deliver (Publish without
+	// the outbox, replies, dead letters) waits for the window and sends
+	// again before it returns. Without a failure signal nothing changes.
 	//
-	// Why: RabbitMQ 3.10 acks publishes that no queue ever holds when a
-	// channel's first publish to a quorum queue falls while the queue has
-	// no leader (after a failover, a nack or for a new publisher; measured
-	// in docs/guarantees.md, known defects). Negative is an error. Defaults
-	// to DefaultSuspectWindow (10s) when more than one broker address is
-	// configured, 0 (off) with one.
+	// It was the defence against RabbitMQ 3.10 appearing to ack publishes
+	// a leaderless quorum queue never held; those acks turned out to be
+	// nacks that amqp091's NotifyPublish folds into a later multiple ack
+	// (issue 31; docs/guarantees.md, known defects), which the transport
+	// no longer reads. It is kept for extra caution on a broker you do not
+	// trust, at the price of copies and latency after every failure
+	// signal. Negative is an error. Defaults to 0 (off).
 	SuspectWindow time.Duration
 }
 
@@ -96,11 +96,6 @@ const (
 	DefaultMaxPendingPublishes  = 1000
 	DefaultPublishTimeout       = 30 * time.Second
 	DefaultDeliveryLimit        = 20
-	// DefaultSuspectWindow is SuspectWindow's default on a cluster: a
-	// quorum queue's election after its leader died took up to 1.05 s on
-	// the loaded test machine (two terms); ten times that leaves room for
-	// a slower one.
-	DefaultSuspectWindow = 10 * time.Second
 )
 
 // ExchangeKind is a RabbitMQ exchange type.
@@ -162,7 +157,7 @@ func (c *Config) check() []error {
 		errs = append(errs, configErr("PublishTimeout %v is negative", c.PublishTimeout))
 	}
 	if c.SuspectWindow < 0 {
-		errs = append(errs, configErr("SuspectWindow %v is negative; use 0 for the default (10s on a cluster, off with one broker address) or a positive duration", c.SuspectWindow))
+		errs = append(errs, configErr("SuspectWindow %v is negative; use 0 (off, the default) or a positive duration", c.SuspectWindow))
 	}
 	switch c.QueueType {
 	case "", endpoint.Classic, endpoint.Quorum:

@@ -119,9 +119,6 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 		errs = append(errs, err)
 	}
 	c := t.cfg.withDefaults(env.RelayLease)
-	if c.SuspectWindow == 0 && len(addrs.urls) > 1 {
-		c.SuspectWindow = DefaultSuspectWindow
-	}
 	if err := leaseCheck(env.RelayLease, c.PublishTimeout); err != nil {
 		errs = append(errs, err)
 	}

@@ -9,19 +9,18 @@ import (
 	"github.com/barewire-go/barewire/outbox"
 )
 
-// The suspect window (Config.SuspectWindow). RabbitMQ 3.10.8 acks
-// publishes that no queue ever holds when a channel's first publish to a
-// quorum queue falls while that queue has no leader: after a failover, a
-// nack, or for a new publisher (TestProbeQuorumLeaderLoss; docs/guarantees.md,
-// known defects). The client cannot ask whether a queue has a leader, but it
-// knows when such a moment may have begun: every failure signal (the
-// connection lost or made again, a nack, a publish channel retired or
-// reopened, a cluster transport's start) opens a window of SuspectWindow in
-// which no confirm is trusted. A message whose publish was sent inside the
-// window is sent once more after it: by the relay (a *outbox.RetryAfterError
-// releases the row, uncounted, until the window ends) or by Deliver itself.
-// Each failure signal costs each message at most one extra send; without one
-// nothing changes.
+// The suspect window (Config.SuspectWindow, off by default). It was built
+// when RabbitMQ 3.10.8 seemed to ack publishes that no quorum queue without
+// a leader ever held (TestProbeQuorumLeaderLoss); read per publish, those
+// acks were nacks amqp091's NotifyPublish folds into a later multiple ack
+// (issue 31; docs/guarantees.md, known defects). When set, every failure
+// signal (the connection lost or made again, a nack, a publish channel
+// retired or reopened, a cluster transport's start) opens a window of
+// SuspectWindow in which no confirm is trusted. A message whose publish was
+// sent inside the window is sent once more after it: by the relay (a
+// *outbox.RetryAfterError releases the row, uncounted, until the window
+// ends) or by Deliver itself. Each failure signal costs each message at
+// most one extra send; without one nothing changes.
 
 // maxSuspectRounds bounds how often a direct Deliver waits out a window and
 // sends again when failure signals keep coming; then it gives up with an

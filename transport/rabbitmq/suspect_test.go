@@ -278,7 +278,7 @@ func TestSuspectWindowConfig(t *testing.T) {
 	}{
 		{"one broker: off", "amqp://a/", 0, 0},
 		{"one broker, set", "amqp://a/", time.Second, time.Second},
-		{"cluster: default", "amqp://a/,amqp://b/", 0, DefaultSuspectWindow},
+		{"cluster: off", "amqp://a/,amqp://b/", 0, 0},
 		{"cluster, set", "amqp://a/,amqp://b/", 2 * time.Second, 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
