@@ -31,6 +31,10 @@ var (
 	ErrAlreadyStarted = errors.New("bus: already started")
 	// ErrStopped is returned by Start after Stop: a bus runs once.
 	ErrStopped = errors.New("bus: stopped; create a new bus with New")
+	// ErrStopping is returned by a Request made while Stop drains the
+	// endpoints: its answer would come to a bus that is going away.
+	// Publish and Send still reach the transport then.
+	ErrStopping = errors.New("bus: stopping; no new requests")
 	// ErrMessageTooLarge is returned for a body over the maximum message size.
 	ErrMessageTooLarge = errors.New("bus: message too large")
 	// ErrInvalidMessage is returned for a message the bus cannot publish.
@@ -107,8 +111,12 @@ type Bus struct {
 	// wakeRelay is relay for wake, which consumers call while Stop holds mu.
 	wakeRelay atomic.Pointer[outbox.Relay]
 
+	// mu serializes Start and Stop's state changes. Stop does not hold it
+	// while it drains: handlers call the bus then (Publish, Request),
+	// and read state without it.
 	mu         sync.Mutex
-	state      int // 0 new, 1 started, 2 stopped
+	state      atomic.Int32  // stateNew, stateStarted, stateStopping, stateStopped
+	stopped    chan struct{} // closed when Stop has finished
 	cancel     context.CancelFunc
 	bg         sync.WaitGroup
 	routerDone chan error
@@ -123,6 +131,24 @@ type Bus struct {
 	batchers   map[string]*batcher
 	batchHook  func(endpoint string, ids []string)
 	submitHook func(id string)
+}
+
+// The lifecycle of a bus (Bus.state).
+const (
+	stateNew int32 = iota
+	stateStarted
+	stateStopping // Stop is draining
+	stateStopped
+)
+
+// running returns nil when the bus is started or draining (its transport
+// and database are open), else ErrNotStarted.
+func (b *Bus) running() error {
+	switch b.state.Load() {
+	case stateStarted, stateStopping:
+		return nil
+	}
+	return ErrNotStarted
 }
 
 // New builds a bus from options. It performs no I/O: connections are made
@@ -274,10 +300,10 @@ func (b *Bus) Logger() *slog.Logger { return b.log }
 func (b *Bus) Start(ctx context.Context) (err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch b.state {
-	case 1:
+	switch b.state.Load() {
+	case stateStarted:
 		return ErrAlreadyStarted
-	case 2:
+	case stateStopping, stateStopped:
 		return ErrStopped
 	}
 	defer func() {
@@ -393,7 +419,8 @@ func (b *Bus) Start(ctx context.Context) (err error) {
 		(&outbox.Cleaner{Store: b.outboxSt, Retention: o.OutboxRetention, Interval: o.CleanupInterval, Batch: o.CleanupBatchSize, Logger: b.log, Clock: clk}).Run(runCtx)
 	})
 	b.startTelemetry()
-	b.state = 1
+	b.stopped = make(chan struct{})
+	b.state.Store(stateStarted)
 	b.log.InfoContext(ctx, "bus started", "endpoints", len(b.endpoints), "instance_id", b.cfg.instanceID, "transport", b.system)
 	return nil
 }
@@ -406,16 +433,35 @@ func (b *Bus) Transport() transport.Transport { return b.tr }
 // and the stop timeout), gives the relay a last pass over committed outbox
 // rows, and closes connections. Messages not finished in time are not
 // acknowledged: the broker redelivers them and the inbox absorbs any repeat.
+//
+// While Stop drains, handlers may still call the bus: Publish and Send
+// reach the transport, a new Request fails at once with ErrStopping. A
+// second Stop waits for the first (up to its own ctx).
 func (b *Bus) Stop(ctx context.Context) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state != 1 {
-		if b.state == 0 {
-			return ErrNotStarted
+	switch b.state.Load() {
+	case stateNew:
+		b.mu.Unlock()
+		return ErrNotStarted
+	case stateStopping:
+		done := b.stopped
+		b.mu.Unlock()
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("bus: waiting for another Stop: %w", ctx.Err())
 		}
+	case stateStopped:
+		b.mu.Unlock()
 		return nil
 	}
-	b.state = 2
+	b.state.Store(stateStopping)
+	b.mu.Unlock()
+	defer func() {
+		b.state.Store(stateStopped)
+		close(b.stopped)
+	}()
 	b.stopTelemetry()
 	var errs []error
 	b.gate.close() // waits for the database or a transport end; consumers drain

@@ -77,7 +77,8 @@ type HealthReport struct {
 }
 
 // Err returns nil when every check passed, otherwise the failures joined,
-// each prefixed with its check's name (ErrNotStarted as it is).
+// each prefixed with its check's name (the bus check's ErrNotStarted or
+// ErrStopping as it is).
 func (r HealthReport) Err() error {
 	var errs []error
 	for _, c := range r.Checks {
@@ -97,9 +98,6 @@ func (r HealthReport) Err() error {
 // pending outbox row and the pending count are within WithHealthThresholds;
 // the counts are at most a few seconds old).
 func (b *Bus) CheckHealth(ctx context.Context) HealthReport {
-	b.mu.Lock()
-	state := b.state
-	b.mu.Unlock()
 	var r HealthReport
 	add := func(name string, err error, details map[string]any) {
 		c := HealthCheck{Name: name, Status: "pass", Details: details, err: err}
@@ -108,8 +106,12 @@ func (b *Bus) CheckHealth(ctx context.Context) HealthReport {
 		}
 		r.Checks = append(r.Checks, c)
 	}
-	if state != 1 {
-		add(HealthCheckBus, ErrNotStarted, nil)
+	if state := b.state.Load(); state != stateStarted {
+		err := ErrNotStarted
+		if state == stateStopping {
+			err = ErrStopping
+		}
+		add(HealthCheckBus, err, nil)
 		r.Status = "unhealthy"
 		return r
 	}

@@ -205,11 +205,8 @@ func (b *Bus) route(ctx context.Context, tx *gorm.DB, destination string, msg an
 		} // else Transaction wakes the relay once the row is committed
 		return nil
 	}
-	b.mu.Lock()
-	started := b.state == 1
-	b.mu.Unlock()
-	if !started {
-		return ErrNotStarted
+	if err := b.running(); err != nil {
+		return err
 	}
 	if b.cfg.outboxOpts.PublishThroughOutbox || scheduled {
 		return b.Transaction(ctx, func(tx *gorm.DB) error {

@@ -117,7 +117,9 @@ func WithRequestHeaders(h Headers) RequestOption {
 // publish is mandatory, so a request nobody consumes fails at once with an
 // error wrapping ErrNoConsumer. The request carries the bus instance's
 // reply queue in BW-ResponseAddress; its message id is the key the response
-// comes back under (BW-RequestId).
+// comes back under (BW-RequestId). While Stop drains the bus, Request fails
+// at once with ErrStopping; one already waiting when Stop began waits on,
+// bounded by its timeout and Stop's deadline.
 //
 // Request returns:
 //   - the response, when the consumer answered with Delivery.Respond;
@@ -265,10 +267,11 @@ func (b *Bus) request(ctx context.Context, destination string, req any, opts []R
 	if destination == "" {
 		return nil, fmt.Errorf("%w: Request: empty destination", ErrInvalidMessage)
 	}
-	b.mu.Lock()
-	started := b.state == 1
-	b.mu.Unlock()
-	if !started {
+	switch b.state.Load() {
+	case stateStarted:
+	case stateStopping:
+		return nil, ErrStopping
+	default:
 		return nil, ErrNotStarted
 	}
 	wctx, cancel := context.WithTimeout(ctx, cfg.timeout)

@@ -2,8 +2,10 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,3 +73,143 @@ func TestStopWhileAConsumerPublishes(t *testing.T) {
 
 type ping struct{}
 type pong struct{}
+
+// TestStopWhileAHandlerCallsTheBus (issue 33, item 1): a handler calls
+// the bus with a context that carries no transaction while Stop drains it.
+// Stop used to hold its lock for the whole drain, and Publish, Send and
+// Request take it: on the embedded default Stop never returned, on
+// RabbitMQ it ran to its deadline and the handler's call failed with "not
+// started". Now the publish completes, a new request fails at once with
+// ErrStopping, and Stop returns well within its deadline with the
+// handler's message processed.
+func TestStopWhileAHandlerCallsTheBus(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		options func(t *testing.T, declare func(*endpoint.Endpoints)) []bus.Option
+		queue   func(t *testing.T) string
+	}{
+		{"inproc", func(t *testing.T, declare func(*endpoint.Endpoints)) []bus.Option {
+			return []bus.Option{inprocEndpoints(declare)}
+		}, func(*testing.T) string { return "calls" }},
+		{"rabbitmq", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			options, queue := tc.options, "calls"
+			if tc.name == "rabbitmq" {
+				env := newRealEnv(t)
+				queue = env.q("calls")
+				options = func(_ *testing.T, declare func(*endpoint.Endpoints)) []bus.Option { return env.options(declare) }
+			}
+			stopping := &signalHandler{text: "Closing router", ch: make(chan struct{})}
+			inside := make(chan struct{})
+			calls := make(chan error, 2)
+			var committed atomic.Int32
+			var b *bus.Bus
+			opts := append(options(t, func(c *endpoint.Endpoints) {
+				c.ReceiveEndpoint(queue, func(e *endpoint.Endpoint) {
+					endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ping]) error {
+						close(inside)
+						<-stopping.ch
+						// No transaction in this context: straight to the transport.
+						calls <- b.Publish(context.Background(), pong{}, bus.Headers{bus.HeaderMessageID: "during-stop"})
+						_, err := bus.Request[pong](context.Background(), b, queue, ping{}, bus.WithRequestTimeout(10*time.Second))
+						calls <- err
+						return nil
+					}, endpoint.AsMessageType("StopCallsPing-"+queue))
+				})
+			}), bus.WithLogger(slog.New(stopping)), bus.WithStopTimeout(20*time.Second),
+				bus.WithObserver(func(ev bus.Event) {
+					if ev.Kind == bus.EventHandled && ev.Outcome == bus.OutcomeCommitted && ev.MessageID == "ping-1" {
+						committed.Add(1)
+					}
+				}))
+			var err error
+			b, err = bus.New(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Send(ctx, queue, ping{}, bus.Headers{bus.HeaderMessageType: "StopCallsPing-" + queue, bus.HeaderMessageID: "ping-1"}); err != nil {
+				t.Fatal(err)
+			}
+			<-inside
+			sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			began := time.Now()
+			stopErr := b.Stop(sctx)
+			took := time.Since(began)
+			if stopErr != nil {
+				t.Errorf("Stop = %v after %v, want a clean drain", stopErr, took)
+			}
+			if took > 5*time.Second {
+				t.Errorf("Stop took %v: it waited on a handler that waited on Stop", took)
+			}
+			if err := <-calls; err != nil {
+				t.Errorf("Publish while Stop drains = %v, want it delivered (the transport is open until the drain ends)", err)
+			}
+			if err := <-calls; !errors.Is(err, bus.ErrStopping) {
+				t.Errorf("Request while Stop drains = %v, want ErrStopping at once", err)
+			}
+			if n := committed.Load(); n != 1 {
+				t.Errorf("the handler's message committed %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// TestStopDeadlineCancelsAStuckConsumerInProcess (issue 33, item 2): on
+// the in-process transport (the embedded default, and every bustest
+// harness) a consumer's context was never canceled, so a consumer waiting
+// on it held Stop for ever, whatever Stop's deadline. Now Stop returns
+// within its deadline plus a small bound, reporting the deadline, and the
+// consumer's context is canceled.
+func TestStopDeadlineCancelsAStuckConsumerInProcess(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	canceled := make(chan struct{})
+	b, err := bus.New(quiet(), inprocEndpoint("stuck", func(e *endpoint.Endpoint) {
+		e.Retry = endpoint.NoRetry()
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ping]) error {
+			close(entered)
+			<-ctx.Done()
+			close(canceled)
+			return ctx.Err()
+		})
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, ping{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	began := time.Now()
+	go func() { stopped <- b.Stop(sctx) }()
+	select {
+	case err := <-stopped:
+		if took := time.Since(began); took > 3*time.Second {
+			t.Errorf("Stop took %v with a 500ms deadline", took)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Stop = %v, want the deadline reported", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop did not return within 20s with a 500ms deadline: a stuck consumer holds it")
+	}
+	select {
+	case <-canceled:
+	case <-time.After(5 * time.Second):
+		t.Error("the stuck consumer's context was not canceled at Stop's deadline")
+	}
+}

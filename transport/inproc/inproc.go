@@ -36,6 +36,11 @@ type Transport struct {
 	closed   bool
 	wg       sync.WaitGroup
 	done     chan struct{}
+	// ctx is every delivered message's context, canceled by Close (the
+	// bus's Stop, at its deadline): a handler still running then is told
+	// to give up, as on a broker whose connection closes.
+	ctx       context.Context
+	cancelCtx context.CancelFunc
 
 	subscribed map[*queue]struct{} // queues a consumer reads (Outstanding)
 	onSettle   atomic.Pointer[func()]
@@ -57,6 +62,7 @@ func New(configure func(c *Config)) *Transport {
 		done:       make(chan struct{}),
 		subscribed: map[*queue]struct{}{},
 	}
+	t.ctx, t.cancelCtx = context.WithCancel(context.Background())
 	if configure != nil {
 		configure(&t.cfg)
 	}
@@ -343,12 +349,15 @@ func (t *Transport) Subscriber() message.Subscriber { return (*subscriber)(t) }
 // Health is always nil: the transport lives in the process.
 func (t *Transport) Health(context.Context) error { return nil }
 
-// Close stops all subscriptions; messages still queued are dropped.
+// Close stops all subscriptions and cancels the context of every message
+// still being handled; messages still queued are dropped. It does not wait
+// for those handlers.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if !t.closed {
 		t.closed = true
 		close(t.done)
+		t.cancelCtx()
 	}
 	t.mu.Unlock()
 	t.wg.Wait()
@@ -397,6 +406,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- *message.Message) bool {
 	it.attempts++
 	msg := message.NewMessage(it.id, it.payload)
+	msg.SetContext(t.ctx)
 	for k, v := range it.headers {
 		msg.Metadata.Set(k, v)
 	}
@@ -449,13 +459,15 @@ func (t *Transport) deliver(ctx context.Context, q *queue, it *item, out chan<- 
 	}
 	// The subscription stopped mid-flight while the queue lives on: wait
 	// for the handler's verdict so the message is neither lost nor
-	// handled twice at once.
+	// handled twice at once, or for Close (Stop's deadline), which
+	// cancels the handler and drops the queues.
 	select {
 	case <-msg.Acked():
 		settle(nil)
 	case <-msg.Nacked():
 		settle(it)
 	case <-fl.dropped:
+	case <-t.done:
 	}
 	return false
 }
