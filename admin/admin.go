@@ -279,15 +279,13 @@ func (a *handler) endpoints(w http.ResponseWriter, r *http.Request) {
 type outboxStats struct {
 	Pending                 int64      `json:"pending"`
 	Parked                  int64      `json:"parked"`
-	Delivered               int64      `json:"delivered"`
 	OldestPending           *time.Time `json:"oldestPending,omitempty"`
 	OldestPendingAgeSeconds float64    `json:"oldestPendingAgeSeconds"`
 }
 
 type inboxStats struct {
-	Processed int64 `json:"processed"`
-	Locked    int64 `json:"locked"`
-	Expired   int64 `json:"expired"`
+	Locked  int64 `json:"locked"`
+	Expired int64 `json:"expired"`
 }
 
 func (a *handler) stats(w http.ResponseWriter, r *http.Request) {
@@ -305,7 +303,7 @@ func (a *handler) stats(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err)
 		return
 	}
-	o := outboxStats{Pending: ost.Pending, Parked: ost.Parked, Delivered: ost.Delivered}
+	o := outboxStats{Pending: ost.Pending, Parked: ost.Parked}
 	if !ost.OldestPending.IsZero() {
 		t := ost.OldestPending.UTC()
 		o.OldestPending = &t
@@ -314,7 +312,7 @@ func (a *handler) stats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"bus":    lowerFields(a.b.Stats()),
 		"outbox": o,
-		"inbox":  inboxStats{Processed: is.Processed, Locked: is.Locked, Expired: is.Expired},
+		"inbox":  inboxStats{Locked: is.Locked, Expired: is.Expired},
 	})
 }
 

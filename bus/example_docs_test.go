@@ -645,7 +645,7 @@ func ExampleBus_InboxStore() {
 	// Output:
 	// consumed 1, duplicates skipped 2
 	// invoice-inv-14 accounting processed: true attempts: 1
-	// {Processed:1 Locked:0 Expired:0}
+	// {Locked:0 Expired:0}
 }
 
 // ---------------------------------------------------------------------------

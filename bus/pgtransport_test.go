@@ -416,7 +416,7 @@ func TestPostgresTransportPublishTxWithoutRelayHop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Pending+st.Delivered+st.Parked != 0 {
+	if st.Pending+deliveredRows(t, b.OutboxStore())+st.Parked != 0 {
 		// bus.route still writes an outbox row; see docs/transports.md,
 		// "Publishing from a transaction", for the change that removes it.
 		t.Fatalf("PublishTx went through the outbox (%+v): bus/publish.go does not call the transport's DeliverTx yet", st)
@@ -922,7 +922,7 @@ func TestPostgresTransportRelayOnAPoolOfRelayWorkers(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		s, err := check.Outbox().Stats(ctx)
-		if err == nil && s.Pending == 0 && s.Delivered == int64(len(msgs)) {
+		if err == nil && s.Pending == 0 && deliveredRows(t, check.Outbox()) == int64(len(msgs)) {
 			return
 		}
 		if time.Now().After(deadline) {

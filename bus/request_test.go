@@ -349,7 +349,7 @@ func TestRequestResponse(t *testing.T) {
 				waitStats(t, resp, func(st bus.Stats) bool { return st.Consumed == 2 })
 				waitFor(t, func() bool {
 					st, err := resp.OutboxStore().Stats(ctx)
-					return err == nil && st.Pending == 0 && st.Parked == 0 && st.Delivered >= 1
+					return err == nil && st.Pending == 0 && st.Parked == 0 && deliveredRows(t, resp.OutboxStore()) >= 1
 				})
 			})
 		})

@@ -115,7 +115,6 @@ LIMIT ?)`)
 	}
 	// Separate counts so that each can use its partial index.
 	in.statsSQL = s.query(`SELECT
-(SELECT COUNT(*) FROM {inbox} WHERE processed_at IS NOT NULL) AS processed,
 (SELECT COUNT(*) FROM {inbox} WHERE processed_at IS NULL AND lock_token IS NOT NULL AND expires_at > {now}) AS locked,
 (SELECT COUNT(*) FROM {inbox} WHERE processed_at IS NULL AND (lock_token IS NULL OR expires_at <= {now})) AS expired`)
 	in.listSQL = s.query(`SELECT message_id, consumer_type, received_at, processed_at, expires_at, lock_token, attempts FROM {inbox}`)
@@ -348,12 +347,11 @@ func (in *Inbox) List(ctx context.Context, q inbox.Query) ([]inbox.Entry, error)
 // wait for a redelivery.
 func (in *Inbox) Stats(ctx context.Context) (inbox.Stats, error) {
 	var st struct {
-		Processed int64 `gorm:"column:processed"`
-		Locked    int64 `gorm:"column:locked"`
-		Expired   int64 `gorm:"column:expired"`
+		Locked  int64 `gorm:"column:locked"`
+		Expired int64 `gorm:"column:expired"`
 	}
 	if err := in.s.db.WithContext(ctx).Raw(in.statsSQL).Scan(&st).Error; err != nil {
 		return inbox.Stats{}, fmt.Errorf("gormstore: inbox stats: %w", err)
 	}
-	return inbox.Stats{Processed: st.Processed, Locked: st.Locked, Expired: st.Expired}, nil
+	return inbox.Stats{Locked: st.Locked, Expired: st.Expired}, nil
 }

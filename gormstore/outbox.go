@@ -220,7 +220,6 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 	o.statsSQL = s.query(`SELECT
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'pending') AS pending,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'parked') AS parked,
-(SELECT COUNT(*) FROM {outbox} WHERE status = 'delivered') AS delivered,
 (SELECT COUNT(*) FROM {outbox} WHERE status = 'pending' AND available_at > {now} AND attempts = 0) AS scheduled,
 (SELECT MIN(CASE WHEN attempts > 0 THEN created_at ELSE available_at END) FROM {outbox}
  WHERE status = 'pending' AND (available_at <= {now} OR attempts > 0)) AS oldest_pending`)
@@ -606,7 +605,6 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 	var st struct {
 		Pending       int64  `gorm:"column:pending"`
 		Parked        int64  `gorm:"column:parked"`
-		Delivered     int64  `gorm:"column:delivered"`
 		Scheduled     int64  `gorm:"column:scheduled"`
 		OldestPending dbTime `gorm:"column:oldest_pending"`
 	}
@@ -617,7 +615,6 @@ func (o *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 		Pending:       st.Pending,
 		Scheduled:     st.Scheduled,
 		Parked:        st.Parked,
-		Delivered:     st.Delivered,
 		OldestPending: st.OldestPending.Time,
 	}, nil
 }

@@ -118,8 +118,11 @@ type LockProcessor interface {
 }
 
 // Stats are inbox counts.
+//
+// Processed entries are not counted: they are history, and counting them
+// would cost health checks and metric scrapes a scan of every entry kept
+// for InboxRetention (list them with Query.Processed).
 type Stats struct {
-	Processed int64
 	// Locked counts unprocessed entries whose lock has not expired.
 	Locked int64
 	// Expired counts unprocessed entries whose lock expired (crashed or

@@ -85,7 +85,9 @@ type Store interface {
 	// Cleanup deletes at most batch delivered rows older than retention and
 	// returns how many it deleted.
 	Cleanup(ctx context.Context, retention time.Duration, batch int) (int, error)
-	// Stats counts rows by status.
+	// Stats counts the rows that may need attention (pending, scheduled,
+	// parked). Health checks and metrics call it: its cost must not grow
+	// with the delivered rows kept for OutboxRetention.
 	Stats(ctx context.Context) (Stats, error)
 	// List returns rows matching q, oldest first.
 	List(ctx context.Context, q Query) ([]*Message, error)
@@ -244,7 +246,9 @@ type Notifier interface {
 	Listen(ctx context.Context, wake func()) error
 }
 
-// Stats are outbox row counts.
+// Stats are outbox row counts. Delivered rows are not counted: they are
+// history, and counting them would cost health checks and metric scrapes
+// a scan of every row kept (list them with Query{Status: StatusDelivered}).
 type Stats struct {
 	// Pending counts the rows waiting for the relay, Scheduled ones
 	// included.
@@ -255,7 +259,6 @@ type Stats struct {
 	// is not one.
 	Scheduled int64
 	Parked    int64
-	Delivered int64
 	// OldestPending is since when the longest-waiting pending row should
 	// have left: its due time (available_at; the creation time of a row
 	// published without a schedule), or its creation time once a delivery

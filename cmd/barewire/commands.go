@@ -67,14 +67,12 @@ type statsOutput struct {
 	Outbox struct {
 		Pending                 int64      `json:"pending"`
 		Parked                  int64      `json:"parked"`
-		Delivered               int64      `json:"delivered"`
 		OldestPending           *time.Time `json:"oldestPending,omitempty"`
 		OldestPendingAgeSeconds float64    `json:"oldestPendingAgeSeconds"`
 	} `json:"outbox"`
 	Inbox struct {
-		Processed int64 `json:"processed"`
-		Locked    int64 `json:"locked"`
-		Expired   int64 `json:"expired"`
+		Locked  int64 `json:"locked"`
+		Expired int64 `json:"expired"`
 	} `json:"inbox"`
 }
 
@@ -97,7 +95,7 @@ func (c *cli) stats(args []string) error {
 		return err
 	}
 	var out statsOutput
-	out.Outbox.Pending, out.Outbox.Parked, out.Outbox.Delivered = ost.Pending, ost.Parked, ost.Delivered
+	out.Outbox.Pending, out.Outbox.Parked = ost.Pending, ost.Parked
 	age := "-"
 	if !ost.OldestPending.IsZero() {
 		t := ost.OldestPending.UTC()
@@ -106,18 +104,18 @@ func (c *cli) stats(args []string) error {
 		out.Outbox.OldestPendingAgeSeconds = d.Seconds()
 		age = fmtAge(d)
 	}
-	out.Inbox.Processed, out.Inbox.Locked, out.Inbox.Expired = ist.Processed, ist.Locked, ist.Expired
+	out.Inbox.Locked, out.Inbox.Expired = ist.Locked, ist.Expired
 	if c.json {
 		return c.printJSON(out)
 	}
 	n := func(v int64) string { return strconv.FormatInt(v, 10) }
-	if err := c.table([]string{"OUTBOX", "PENDING", "PARKED", "DELIVERED", "OLDEST PENDING AGE"},
-		[][]string{{c.prefix + "outbox", n(ost.Pending), n(ost.Parked), n(ost.Delivered), age}}); err != nil {
+	if err := c.table([]string{"OUTBOX", "PENDING", "PARKED", "OLDEST PENDING AGE"},
+		[][]string{{c.prefix + "outbox", n(ost.Pending), n(ost.Parked), age}}); err != nil {
 		return err
 	}
 	fmt.Fprintln(c.stdout)
-	return c.table([]string{"INBOX", "PROCESSED", "LOCKED", "EXPIRED"},
-		[][]string{{c.prefix + "inbox", n(ist.Processed), n(ist.Locked), n(ist.Expired)}})
+	return c.table([]string{"INBOX", "LOCKED", "EXPIRED"},
+		[][]string{{c.prefix + "inbox", n(ist.Locked), n(ist.Expired)}})
 }
 
 // ---- inbox ----

@@ -663,7 +663,7 @@ func testStats(t *testing.T, s inbox.Store) {
 	}
 	mustLock(t, ctx, s, key("expiring", "consumer"), 100*time.Millisecond, inbox.Acquired)
 
-	want := inbox.Stats{Processed: 2, Locked: 1, Expired: 2}
+	want := inbox.Stats{Locked: 1, Expired: 2} // the 2 processed entries are not counted
 	deadline := time.Now().Add(waitLimit)
 	for {
 		st, err = s.Stats(ctx)
@@ -674,7 +674,7 @@ func testStats(t *testing.T, s inbox.Store) {
 			return
 		}
 		// Until the short lock expires it counts as locked.
-		if st != (inbox.Stats{Processed: 2, Locked: 2, Expired: 1}) || time.Now().After(deadline) {
+		if st != (inbox.Stats{Locked: 2, Expired: 1}) || time.Now().After(deadline) {
 			t.Fatalf("Stats = %+v, want %+v", st, want)
 		}
 		time.Sleep(pollEvery)

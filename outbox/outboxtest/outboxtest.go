@@ -226,9 +226,28 @@ func stats(t *testing.T, ctx context.Context, s outbox.Store) outbox.Stats {
 func wantCounts(t *testing.T, ctx context.Context, s outbox.Store, pending, parked, delivered int64) {
 	t.Helper()
 	st := stats(t, ctx, s)
-	if st.Pending != pending || st.Parked != parked || st.Delivered != delivered {
-		t.Fatalf("Stats = pending %d, parked %d, delivered %d; want %d, %d, %d",
-			st.Pending, st.Parked, st.Delivered, pending, parked, delivered)
+	if got := countDelivered(t, ctx, s); st.Pending != pending || st.Parked != parked || got != delivered {
+		t.Fatalf("Stats = pending %d, parked %d, and %d rows delivered; want %d, %d, %d",
+			st.Pending, st.Parked, got, pending, parked, delivered)
+	}
+}
+
+// countDelivered counts the delivered rows through List (Stats does not:
+// they are history).
+func countDelivered(t *testing.T, ctx context.Context, s outbox.Store) int64 {
+	t.Helper()
+	var n int64
+	var after int64
+	for {
+		rows, err := s.List(ctx, outbox.Query{Status: outbox.StatusDelivered, AfterID: after, Limit: 500})
+		if err != nil {
+			t.Fatalf("List delivered: %v", err)
+		}
+		n += int64(len(rows))
+		if len(rows) < 500 {
+			return n
+		}
+		after = rows[len(rows)-1].ID
 	}
 }
 
@@ -751,7 +770,7 @@ func testStats(t *testing.T, s outbox.Store, inTx InTx) {
 
 	st := stats(t, ctx, s)
 	oldest := byID(t, ctx, s, first[0]).CreatedAt
-	if st.Pending != 5 || st.Parked != 0 || st.Delivered != 0 || !st.OldestPending.Equal(oldest) {
+	if st.Pending != 5 || st.Parked != 0 || !st.OldestPending.Equal(oldest) {
 		t.Fatalf("Stats = %+v, want 5 pending, oldest created %v", st, oldest)
 	}
 
@@ -762,8 +781,8 @@ func testStats(t *testing.T, s outbox.Store, inTx InTx) {
 	}
 	st = stats(t, ctx, s)
 	oldest = byID(t, ctx, s, second[1]).CreatedAt
-	if st.Pending != 2 || st.Parked != 1 || st.Delivered != 2 || !st.OldestPending.Equal(oldest) {
-		t.Fatalf("Stats = %+v, want 2 pending, 1 parked, 2 delivered, oldest pending created %v", st, oldest)
+	if st.Pending != 2 || st.Parked != 1 || !st.OldestPending.Equal(oldest) {
+		t.Fatalf("Stats = %+v, want 2 pending, 1 parked, oldest pending created %v", st, oldest)
 	}
 	markDelivered(t, ctx, s, "relay-1", second[1:], true, 2)
 	if st = stats(t, ctx, s); !st.OldestPending.IsZero() || st.Pending != 0 {

@@ -117,8 +117,8 @@ func TestRelayDeliversOtherProcessesRows(t *testing.T) {
 	for n := range 3 {
 		publish(n)
 	}
-	if s, err := st.Outbox().Stats(ctx); err != nil || s.Pending != 3 || s.Delivered != 0 {
-		t.Fatalf("outbox before the relay runs: %+v, %v; want 3 pending, none delivered", s, err)
+	if s, err := st.Outbox().Stats(ctx); err != nil || s.Pending != 3 {
+		t.Fatalf("outbox before the relay runs: %+v, %v; want 3 pending", s, err)
 	}
 
 	// The stand-alone relay, as main runs it.
@@ -155,7 +155,7 @@ func TestRelayDeliversOtherProcessesRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Pending == 0 && s.Parked == 0 && s.Delivered == int64(len(want)) {
+		if s.Pending == 0 && s.Parked == 0 && len(delivered(t, st.Outbox())) == len(want) {
 			break
 		}
 		select {
@@ -313,4 +313,14 @@ func randomSuffix(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b[:])
+}
+
+// delivered lists s's delivered rows (Stats does not count them).
+func delivered(t *testing.T, s outbox.Store) []*outbox.Message {
+	t.Helper()
+	rows, err := s.List(context.Background(), outbox.Query{Status: outbox.StatusDelivered, Limit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }

@@ -236,12 +236,11 @@ func viewRow(m *outbox.Message) outboxRow {
 type outboxStats struct {
 	Pending       int64      `json:"pending"`
 	Parked        int64      `json:"parked"`
-	Delivered     int64      `json:"delivered"`
 	OldestPending *time.Time `json:"oldestPending,omitempty"`
 }
 
 func viewStats(s outbox.Stats) outboxStats {
-	v := outboxStats{Pending: s.Pending, Parked: s.Parked, Delivered: s.Delivered}
+	v := outboxStats{Pending: s.Pending, Parked: s.Parked}
 	if !s.OldestPending.IsZero() {
 		v.OldestPending = &s.OldestPending
 	}
@@ -426,7 +425,7 @@ func (a *app) demo(ctx context.Context, f sample.Flags) error {
 			fmt.Printf("  -     %-32s none\n", id)
 		}
 	}
-	fmt.Printf("outbox table: %d delivered, %d pending, %d parked\n\n", stats.Delivered, stats.Pending, stats.Parked)
+	fmt.Printf("outbox table: %d pending, %d parked\n\n", stats.Pending, stats.Parked)
 
 	var c sample.Checks
 	gotTransfers := map[string]bool{}
