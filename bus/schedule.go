@@ -118,17 +118,19 @@ func (b *Bus) now() time.Time {
 	return time.Now()
 }
 
-// CancelScheduled cancels the message with messageID if it has not left
-// the outbox yet: it deletes its outbox rows that no relay holds and
-// reports whether it deleted any. Inside a consumer (ctx carries its
-// transaction) the cancel happens in that transaction and takes effect
-// only if the consumer's work commits; elsewhere in a statement of its own.
+// CancelScheduled cancels the message with messageID if it cannot have
+// left the outbox: true means it never will. It deletes the message's
+// outbox rows that are pending and not yet due, never failed, never sent
+// and held by no relay; a due row may already be on its way (a relay may
+// have published it and failed to record that), so it is left alone.
+// Inside a consumer (ctx carries its transaction) the cancel happens in
+// that transaction and takes effect only if the consumer's work commits;
+// elsewhere in a statement of its own.
 //
-// false with a nil error means nothing was waiting under that id: the
-// message already left (or a relay is sending it right now), was cancelled
-// before, or never existed. Although it is meant for scheduled messages,
-// it cancels any pending outbox row with that id (a delayed redelivery
-// too).
+// false with a nil error means the message may have left or be leaving
+// now, was cancelled before, or never existed. Although it is meant for
+// scheduled messages, it cancels any outbox row with that id that meets
+// the rule (a delayed redelivery waiting for its time too).
 func (b *Bus) CancelScheduled(ctx context.Context, messageID string) (bool, error) {
 	return b.cancelScheduled(ctx, nil, messageID)
 }

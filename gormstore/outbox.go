@@ -68,6 +68,10 @@ const insertParams = 10
 // SQLite's limit (32766) and PostgreSQL's (65535).
 const maxInsertRows = 1000
 
+// publishedMark is the last_error of a row released by a *RetryAfterError:
+// it was published (its confirm not trusted yet), so Cancel must leave it.
+const publishedMark = "published; its confirm was not trusted yet (RetryAfterError): sent again after the delay"
+
 // maxIDsPerStatement bounds the id lists of MarkDelivered, Release and
 // Requeue for the same reason.
 const maxIDsPerStatement = 1000
@@ -179,8 +183,8 @@ WHERE id = ANY($1) AND status = 'pending'`)
 available_at = now() + make_interval(secs => $2),
 status = CASE WHEN $3::int > 0 AND attempts + 1 >= $3::int THEN 'parked' ELSE 'pending' END
 WHERE id = $4 AND status = 'pending'`)
-		o.laterHeldSQL = s.query(`UPDATE {outbox} SET available_at = now() + make_interval(secs => $1)
-WHERE id = ANY($2) AND status = 'pending'`)
+		o.laterHeldSQL = s.query(`UPDATE {outbox} SET available_at = now() + make_interval(secs => $1),
+last_error = '` + publishedMark + `' WHERE id = ANY($2) AND status = 'pending'`)
 		// The commit watcher's one statement: the status of every watched
 		// transaction and, when any of them committed, one NOTIFY. The
 		// statement's own transaction commits without waiting for its WAL
@@ -208,7 +212,8 @@ LIMIT ?)`)
 WHERE ` + leased)
 	o.deleteSQL = s.query(`DELETE FROM {outbox} WHERE ` + leased)
 	o.releaseSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL WHERE ` + leased)
-	o.releaseLaterSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL, available_at = {now+?} WHERE ` + leased)
+	o.releaseLaterSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL, available_at = {now+?},
+last_error = '` + publishedMark + `' WHERE ` + leased)
 	// SET expressions see the row's old values, so attempts + 1 is the new
 	// count in both the CASE and the assignment.
 	o.releaseCountSQL = s.query(`UPDATE {outbox} SET locked_by = NULL, locked_until = NULL,
@@ -226,16 +231,18 @@ locked_by = NULL, locked_until = NULL WHERE status = 'parked'`)
 	o.listSQL = s.query(`SELECT ` + outboxColumns + ` FROM {outbox}`)
 	o.insertOneSQL = o.buildInsertSQL(1, false)
 	o.insertOneXidSQL = o.buildInsertSQL(1, true)
-	// A row is cancellable while no relay holds it: a live lease means it
-	// may be on the wire right now.
-	o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE message_id = ? AND status = 'pending'
-AND (locked_until IS NULL OR locked_until < {now})`)
+	// A row is cancellable only while it cannot have reached the broker:
+	// not yet due (a due row may have been published by a relay whose
+	// settlement then failed, leaving no trace), never failed, never
+	// released by a *RetryAfterError (marked in last_error), and held by
+	// no relay (a live lease; on PostgreSQL also a held batch's row lock,
+	// skipped rather than waited for).
+	cancellable := `message_id = ? AND status = 'pending' AND available_at > {now} AND attempts = 0 AND last_error = ''
+AND (locked_until IS NULL OR locked_until < {now})`
+	o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE ` + cancellable)
 	if s.dialect.name == DialectPostgres {
-		// A row locked by a relay's unsettled batch (ClaimBatch) is held
-		// as a leased one is: skipped, not waited for.
 		o.cancelSQL = s.query(`DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox}
-WHERE message_id = ? AND status = 'pending' AND (locked_until IS NULL OR locked_until < {now})
-FOR UPDATE SKIP LOCKED)`)
+WHERE ` + cancellable + ` FOR UPDATE SKIP LOCKED)`)
 	}
 	o.scheduledCond = s.query(` AND status = 'pending' AND available_at > {now} AND attempts = 0`)
 	if s.dialect.name == DialectPostgres {

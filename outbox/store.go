@@ -76,7 +76,8 @@ type Store interface {
 	// row becomes claimable again only after retryAfter, and rows that have
 	// reached maxAttempts are parked instead. When countAttempt is false,
 	// lastErr and maxAttempts are ignored and a positive retryAfter still
-	// holds the row back that long (a *RetryAfterError); zero makes it
+	// holds the row back that long (a *RetryAfterError: the row was
+	// published, and Cancel leaves it from then on); zero makes it
 	// claimable at once.
 	Release(ctx context.Context, owner string, ids []int64, lastErr string, countAttempt bool, retryAfter time.Duration, maxAttempts int) error
 	// Requeue moves parked rows back to pending with their attempts reset.
@@ -91,12 +92,15 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 	// List returns rows matching q, oldest first.
 	List(ctx context.Context, q Query) ([]*Message, error)
-	// Cancel deletes the pending rows with messageID that no relay holds
-	// (never claimed, or claimed under a lease that has expired) and
-	// returns how many it deleted. It runs in the transaction carried by
-	// ctx when there is one (so it takes effect only if that commits), in
-	// a statement of its own otherwise. A row a relay holds right now, or
-	// one already delivered or parked, is not touched.
+	// Cancel deletes the pending rows with messageID that cannot have
+	// reached the broker and returns how many it deleted: rows not yet due
+	// (scheduled, or a delayed redelivery waiting for its time) that never
+	// failed, were never released by a *RetryAfterError and no relay
+	// holds. A due row is not touched: a relay may have published it
+	// already (its settlement may have failed and left it pending). It
+	// runs in the transaction carried by ctx when there is one (so it
+	// takes effect only if that commits), in a statement of its own
+	// otherwise.
 	Cancel(ctx context.Context, messageID string) (int, error)
 	// NextDue returns how long, by the database's clock, until the
 	// earliest pending row that is not yet due becomes due; ok is false

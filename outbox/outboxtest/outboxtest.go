@@ -92,6 +92,7 @@ func Run(t *testing.T, newStore func(t *testing.T) (outbox.Store, InTx), opts ..
 		{"CancelPending", testCancelPending, false},
 		{"CancelInTransaction", testCancelInTransaction, false},
 		{"CancelLeasedOrDelivered", testCancelLeasedOrDelivered, false},
+		{"CancelOnlyWhatCannotHaveLeft", testCancelOnlyWhatCannotHaveLeft, false},
 		{"NextDue", testNextDue, false},
 		{"BatchSettle", testBatchSettle, false},
 		{"BatchSettleDelete", testBatchSettleDelete, false},
@@ -965,6 +966,39 @@ func testCancelLeasedOrDelivered(t *testing.T, s outbox.Store, inTx InTx) {
 		t.Fatalf("Cancel of a delivered row = %d, %v; want 0, nil", n, err)
 	}
 	wantCounts(t, ctx, s, 0, 0, 2)
+}
+
+// testCancelOnlyWhatCannotHaveLeft (issue 33, item 5): Cancel removes only
+// rows that can no longer reach the broker: not yet due, never failed,
+// never published. A due row may be on its way (a relay published it and
+// its settlement failed, leaving it pending); a row released by a
+// *RetryAfterError was published. Cancel leaves both, and says so.
+func testCancelOnlyWhatCannotHaveLeft(t *testing.T, s outbox.Store, inTx InTx) {
+	ctx := testCtx(t)
+	msgs := newMessages("cx", 3)
+	msgs[2].Delay = time.Hour
+	ids := add(t, ctx, s, inTx, msgs)
+	if n, err := s.Cancel(ctx, "cx-0"); err != nil || n != 0 {
+		t.Fatalf("Cancel of a due row = %d, %v; want 0 (a relay may have published it already)", n, err)
+	}
+	// cx-1 is published and its confirm not trusted: settled for later,
+	// in a held batch where the store holds them, a leased one otherwise.
+	batch, err := outbox.ClaimBatch(ctx, s, "relay-1", 10, longLease)
+	if err != nil {
+		t.Fatalf("ClaimBatch: %v", err)
+	}
+	if got := len(batch.Messages()); got != 2 {
+		t.Fatalf("ClaimBatch took %d rows, want the 2 due", got)
+	}
+	if err := batch.Settle(ctx, outbox.Settlement{Later: ids[1:2], LaterAfter: time.Hour}); err != nil {
+		t.Fatalf("Settle for later: %v", err)
+	}
+	if n, err := s.Cancel(ctx, "cx-1"); err != nil || n != 0 {
+		t.Fatalf("Cancel of a row released by a RetryAfterError = %d, %v; want 0 (it was published)", n, err)
+	}
+	if n, err := s.Cancel(ctx, "cx-2"); err != nil || n != 1 {
+		t.Fatalf("Cancel of a row scheduled for later = %d, %v; want 1", n, err)
+	}
 }
 
 // testNextDue: NextDue reports the wait until the earliest future row, and
