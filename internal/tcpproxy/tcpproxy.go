@@ -3,12 +3,13 @@
 // suites' reconnect case for transports whose client gives no way to drop
 // its connection (the Watermill presets), the reliability harness's
 // broker-close and stop-cont faults, and the bus's database-outage tests
-// (Down and Up: a server that went away and came back).
+// (Down and Up: a server that went away and came back), and a server that
+// stops answering without closing anything (Freeze and Thaw: a broker
+// blocking its publishers in a resource alarm, a partition without resets).
 package tcpproxy
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -22,7 +23,8 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
-	down   bool // refuse new connections
+	down   bool          // refuse new connections
+	thawed chan struct{} // closed while bytes flow; open while frozen
 	wg     sync.WaitGroup
 }
 
@@ -33,7 +35,8 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, thawed: make(chan struct{})}
+	close(p.thawed)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -99,7 +102,24 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			// Frozen: hold what was read until Thaw (or the connection
+			// is cut, which ends the write below).
+			p.mu.Lock()
+			thawed := p.thawed
+			p.mu.Unlock()
+			<-thawed
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
@@ -144,9 +164,34 @@ func (p *Proxy) Up() {
 	p.mu.Unlock()
 }
 
+// Freeze stops forwarding bytes in both directions without closing
+// anything: the server looks alive to the kernel but never answers, and
+// once the buffers fill the client's writes block. Thaw resumes.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thawed:
+		p.thawed = make(chan struct{})
+	default: // frozen already
+	}
+}
+
+// Thaw forwards again what Freeze held, and everything after it.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.thawed:
+	default:
+		close(p.thawed)
+	}
+}
+
 // Close stops accepting, cuts every connection and waits for the
-// proxy's goroutines.
+// proxy's goroutines (a frozen proxy thaws first, so that they end).
 func (p *Proxy) Close() {
+	p.Thaw()
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()

@@ -102,6 +102,63 @@ func TestCut(t *testing.T) {
 	}
 }
 
+// TestFreeze: while frozen nothing crosses the proxy and nothing is
+// closed; Thaw delivers what was held, in order, and traffic flows again.
+func TestFreeze(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte(l))
+		}
+	}()
+	p, err := tcpproxy.New(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := r.ReadString('\n'); err != nil || l != "one\n" {
+		t.Fatalf("before Freeze: %q, %v", l, err)
+	}
+	p.Freeze()
+	if _, err := c.Write([]byte("two\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if l, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("read %q through a frozen proxy", l)
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("read through a frozen proxy: %v, want a timeout (nothing closed)", err)
+	}
+	p.Thaw()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if l, err := r.ReadString('\n'); err != nil || l != "two\n" {
+		t.Fatalf("after Thaw: %q, %v; want the held line", l, err)
+	}
+}
+
 // TestForURL: the proxied URL keeps everything but the host, and a URL
 // without a host is refused without being quoted (it may hold a password).
 func TestForURL(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -79,7 +80,29 @@ type Config struct {
 	// System names the messaging system for telemetry ("nats", "redis").
 	// Defaults to "watermill".
 	System string
+	// PublishTimeout bounds each publish, whatever the Pub/Sub's client
+	// does with the context (watermill-amqp waits for its confirm without
+	// a limit, and a broker blocking its publishers in a resource alarm
+	// never sends it): a publish without an answer by then fails as
+	// outbox.ErrTransportUnavailable (the relay retries it uncounted; if
+	// the Pub/Sub publishes it after all, the receiving inbox absorbs the
+	// copy). Negative is an error. Defaults to 30s, or half of the
+	// outbox's RelayLease when that is shorter.
+	PublishTimeout time.Duration
 }
+
+// DefaultPublishTimeout is Config.PublishTimeout's default (when half of
+// RelayLease is not shorter).
+const DefaultPublishTimeout = 30 * time.Second
+
+// maxStuckPublishes bounds the publishes still waiting for the Pub/Sub
+// after their PublishTimeout: past it Deliver fails at once rather than
+// start another that would wait too.
+const maxStuckPublishes = 16
+
+// closeTimeout bounds Close's wait for the publisher, the subscribers and
+// the preset's own close, which a Pub/Sub that stopped answering can hold.
+const closeTimeout = 10 * time.Second
 
 // Topics maps the bus's destinations onto Pub/Sub topics. Both functions
 // must be injective on the names a service uses, and their images must not
@@ -143,6 +166,9 @@ func (f *Factory) Build(env transport.Env) (transport.Transport, error) {
 		errs = append(errs, errors.New("wmpubsub: Config.Subscriber is nil; set it to return the message.Subscriber of a queue's consumer group, or use a preset"))
 	}
 	errs = append(errs, transport.CheckPlainEndpoints("wmpubsub", c.List())...)
+	if c.PublishTimeout < 0 {
+		errs = append(errs, fmt.Errorf("wmpubsub: Config.PublishTimeout %v is negative; use 0 for the default (%v, or half of RelayLease when shorter)", c.PublishTimeout, DefaultPublishTimeout))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -154,6 +180,12 @@ func (f *Factory) Build(env transport.Env) (transport.Transport, error) {
 	}
 	if c.System == "" {
 		c.System = "watermill"
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+		if half := env.RelayLease / 2; half > 0 && half < c.PublishTimeout {
+			c.PublishTimeout = half
+		}
 	}
 	log := env.Logger
 	if log == nil {
@@ -189,6 +221,9 @@ type Transport struct {
 	// queue, so that their next delivery is flagged redelivered where the
 	// Pub/Sub does not say so itself. Bounded by maxNacked.
 	nacked map[string]struct{}
+	// stuck counts publishes given up on at PublishTimeout whose call to
+	// the Pub/Sub has not returned yet.
+	stuck atomic.Int32
 }
 
 const maxNacked = 10000
@@ -408,11 +443,52 @@ func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error
 		}
 		wm := ToMessage(m)
 		wm.SetContext(ctx)
-		if err := pub.Publish(tp, wm); err != nil {
-			errs[i] = t.classify(ctx, fmt.Errorf("wmpubsub: publish %q to topic %q: %w", m.MessageID, tp, err))
-		}
+		errs[i] = t.publish(ctx, pub, tp, wm)
 	}
 	return errs
+}
+
+// publish publishes wm to topic tp within PublishTimeout and ctx.
+func (t *Transport) publish(ctx context.Context, pub message.Publisher, tp string, wm *message.Message) error {
+	err := t.bounded(ctx, func() error { return pub.Publish(tp, wm) })
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("wmpubsub: publish %q to topic %q: %w", wm.UUID, tp, err)
+	if errors.Is(err, outbox.ErrTransportUnavailable) {
+		return err
+	}
+	return t.classify(ctx, err)
+}
+
+// bounded runs call, a call to the Pub/Sub, waiting at most PublishTimeout
+// and until ctx is done: it runs in a goroutine of its own, left to finish
+// by itself when the wait gives up (counted in stuck). Giving up, or
+// finding maxStuckPublishes calls still waiting, fails with an error
+// wrapping outbox.ErrTransportUnavailable.
+func (t *Transport) bounded(ctx context.Context, call func() error) error {
+	if n := t.stuck.Load(); n >= maxStuckPublishes {
+		return fmt.Errorf("%d earlier calls still wait for the Pub/Sub: %w", n, outbox.ErrTransportUnavailable)
+	}
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	timer := time.NewTimer(t.cfg.PublishTimeout)
+	defer timer.Stop()
+	var why error
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		why = ctx.Err()
+	case <-timer.C:
+		why = fmt.Errorf("no answer from the Pub/Sub within PublishTimeout %v", t.cfg.PublishTimeout)
+	}
+	t.stuck.Add(1)
+	go func() {
+		<-done
+		t.stuck.Add(-1)
+	}()
+	return fmt.Errorf("%w: %w", why, outbox.ErrTransportUnavailable)
 }
 
 // checkQueue fails m when it is sent to a queue whose topic tp does not
@@ -424,10 +500,17 @@ func (t *Transport) checkQueue(ctx context.Context, m *outbox.Message, tp string
 	if kind, _ := wire.ParseDestination(m.Destination); kind == "exchange" {
 		return nil
 	}
-	ok, err := t.cfg.QueueExists(ctx, tp)
+	var ok bool
+	err := t.bounded(ctx, func() (err error) {
+		ok, err = t.cfg.QueueExists(ctx, tp)
+		return err
+	})
 	if err != nil {
 		// The question was about the topic, not the message: charge the
 		// connection, whatever Health says by now.
+		if errors.Is(err, outbox.ErrTransportUnavailable) {
+			return fmt.Errorf("wmpubsub: look up topic %q of %q: %w", tp, m.MessageID, err)
+		}
 		return fmt.Errorf("wmpubsub: look up topic %q of %q: %w: %w", tp, m.MessageID, err, outbox.ErrTransportUnavailable)
 	}
 	if !ok {
@@ -495,8 +578,23 @@ func (t *Transport) Health(ctx context.Context) error {
 
 // Close stops consuming, hands every unsettled delivery back (nack),
 // closes the subscribers and the publisher, deletes the reply queues still
-// declared (Config.DeleteQueue) and releases what the preset opened.
+// declared (Config.DeleteQueue) and releases what the preset opened. A
+// Pub/Sub that stopped answering can hold those closes: after closeTimeout
+// (10s) Close returns an error saying so and leaves them running.
 func (t *Transport) Close() error {
+	done := make(chan error, 1)
+	go func() { done <- t.close() }()
+	timer := time.NewTimer(closeTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		return fmt.Errorf("wmpubsub: close did not finish within %v (the Pub/Sub does not answer; %d publishes still wait for it); abandoned", closeTimeout, t.stuck.Load())
+	}
+}
+
+func (t *Transport) close() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
