@@ -16,12 +16,12 @@ all: lint test
 ## 3-node cluster named by BAREWIRE_TEST_AMQP_CLUSTER_URLS (.ci/run starts it; without the variable
 ## it skips outside CI); it is in since the transport's suspect window closed the quorum-queue loss
 ## it found (docs/guarantees.md, known defects). `make reliability TRANSPORT=cluster` runs it alone.
-## The wmamqp conformance suite and its publisher's connection-cut test, and the wmnats
-## conformance suite, run once more without -race: they are skipped under -race, as
+## The wmamqp conformance suite, its publisher's connection-cut test and its frozen-broker test,
+## and the wmnats conformance suite, run once more without -race: they are skipped under -race, as
 ## watermill-amqp v3.0.2's reconnect and watermill-nats v2.1.3's unsubscribe race.
 test:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
-	$(GO) test -count=1 -timeout 3m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts)$$' ./transport/wmpubsub/wmamqp/ ./transport/wmpubsub/wmnats/
+	$(GO) test -count=1 -timeout 3m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts|TestPublishBoundedWhileTheBrokerDoesNotAnswer)$$' ./transport/wmpubsub/wmamqp/ ./transport/wmpubsub/wmnats/
 	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 	$(GO) test -race -count=1 -timeout 12m -run '^TestReliabilityCluster$$' ./reliability/

@@ -710,21 +710,32 @@ func (t *Transport) consume(ctx context.Context, sub message.Subscriber, queue s
 func (t *Transport) forward(ctx context.Context, queue string, tp topic, in <-chan *message.Message, out chan<- *message.Message) {
 	for inner := range in {
 		msg := t.fromInner(queue, tp, inner)
+		// The handler's context: the inner message's values, canceled
+		// by Close (Stop's deadline), not by the inner subscription,
+		// whose context ends as soon as Stop closes the router: Stop
+		// drains the handlers in flight.
+		mctx, cancel := context.WithCancel(context.WithoutCancel(inner.Context()))
+		unhook := context.AfterFunc(t.ctx, cancel)
+		msg.SetContext(mctx)
+		release := func() { unhook(); cancel() }
 		select {
 		case out <- msg:
 		case <-ctx.Done():
+			release()
 			inner.Nack()
 			continue // drain: the inner subscriber closes in once it sees ctx
 		}
 		t.bridge.Add(1)
-		go t.settle(queue, tp, inner, msg)
+		go t.settle(queue, tp, inner, msg, release)
 	}
 }
 
-// settle waits for the consumer's verdict on msg and applies it to inner.
-// When the transport closes first, inner is handed back.
-func (t *Transport) settle(queue string, tp topic, inner, msg *message.Message) {
+// settle waits for the consumer's verdict on msg and applies it to inner,
+// then releases msg's context. When the transport closes first, inner is
+// handed back.
+func (t *Transport) settle(queue string, tp topic, inner, msg *message.Message, release func()) {
 	defer t.bridge.Done()
+	defer release()
 	select {
 	case <-msg.Acked():
 		inner.Ack()
@@ -815,6 +826,5 @@ func (t *Transport) fromInner(queue string, tp topic, inner *message.Message) *m
 	}
 	msg := message.NewMessage(id, inner.Payload)
 	msg.Metadata = md
-	msg.SetContext(inner.Context())
 	return msg
 }

@@ -24,7 +24,13 @@ import (
 // fails as "transport unavailable" within PublishTimeout (half of the
 // relay lease: 1s here) or its context, whichever ends first, and Close
 // returns within its bound.
+//
+// Not under -race: watermill-amqp v3.0.2's Close races with a publish in
+// flight (see raceEnabled); CI runs this in the non-race pass of `make test`.
 func TestPublishBoundedWhileTheBrokerDoesNotAnswer(t *testing.T) {
+	if raceEnabled {
+		t.Skip("watermill-amqp v3.0.2 races when closed under a publish (see raceEnabled); make test runs this without -race")
+	}
 	url := testenv.AMQPURL(t)
 	px, proxied := testenv.Proxy(t, url)
 	typ := "wmamqp-frozen-" + watermill.NewShortUUID()

@@ -97,6 +97,7 @@ func Run(t *testing.T, c Config) {
 		departed(t, c)
 	})
 	t.Run("RefusedPublishNeverDelivered", func(t *testing.T) { refused(t, c) })
+	t.Run("StopDrainsInFlight", func(t *testing.T) { stopDrains(t, c) })
 	t.Run("RequestResponse", func(t *testing.T) { requestResponse(t, c) })
 	t.Run("RequestToNoConsumerFailsFast", func(t *testing.T) { requestNoConsumer(t, c) })
 	t.Run("ReplyTopicRemovedAtStop", func(t *testing.T) { replyTopicRemoved(t, c) })
@@ -676,5 +677,64 @@ func refused(t *testing.T, c Config) {
 		case isBad[m.MessageID] && m.MessageID == e.name("row-01"):
 			t.Logf("a refused row's last error: %s", m.LastError)
 		}
+	}
+}
+
+// stopDrains (issue 33, item 6): Stop waits for the handler in flight,
+// whose context stays intact, and its effect commits once. On wmredis the
+// handler's context used to be the inner subscription's, canceled the
+// moment Stop closed the router: the handler was aborted and the message
+// handed back, repeating whatever it had done outside its transaction.
+func stopDrains(t *testing.T, c Config) {
+	e := newEnv(t, c)
+	typ := e.name("OrderPlaced")
+	ep := e.name("drain")
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	ctxErr := make(chan error, 1)
+	b := e.start(false, []string{ep}, []string{typ}, func(d *endpoint.Endpoints) {
+		d.ReceiveEndpoint(ep, func(x *endpoint.Endpoint) {
+			x.Retry = endpoint.NoRetry()
+			endpoint.Consumer(x, func(ctx context.Context, oc *endpoint.Context[Order]) error {
+				select {
+				case entered <- struct{}{}:
+				default:
+				}
+				<-release
+				ctxErr <- ctx.Err()
+				return record(ep)(ctx, oc)
+			}, endpoint.AsMessageType(typ))
+		})
+	})
+	id := e.name("in-flight")
+	ctx := context.Background()
+	if err := b.Publish(ctx, Order{N: 1}, bus.Headers{bus.HeaderMessageID: id, bus.HeaderMessageType: typ}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		stopped <- b.Stop(sctx)
+	}()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while a handler was in flight", err)
+	case <-time.After(300 * time.Millisecond): // nothing signals that Stop is waiting
+	}
+	close(release)
+	if err := <-ctxErr; err != nil {
+		t.Errorf("the in-flight handler's context was canceled while Stop drained: %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if got := e.effects()[[2]string{ep, id}]; got != 1 {
+		t.Errorf("the drained message's effect applied %d times, want 1", got)
 	}
 }
