@@ -13,6 +13,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
@@ -308,4 +309,91 @@ func TestRabbitRejectedRowsNeverMarkedDelivered(t *testing.T) {
 	if parked != len(toFull) || delivered != total-1-len(toFull) {
 		t.Errorf("%d parked, %d delivered; want %d and %d", parked, delivered, len(toFull), total-1-len(toFull))
 	}
+}
+
+// TestRabbitSilentDestinationParkedNeighboursFlow (issue 33, item 4): a
+// queue that never confirms (its process suspended) beside a healthy one.
+// Its rows used to time out as "transport unavailable": released
+// uncounted, first in the claim order, never parked, each batch waiting
+// PublishTimeout and the relay backing off. Now each timeout is an attempt
+// of its row: the rows are parked with the reason after MaxAttempts, and
+// the healthy rows committed after them are delivered at their first
+// attempt, within a bound.
+func TestRabbitSilentDestinationParkedNeighboursFlow(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	healthy, silent := env.q("silent-healthy"), env.q("silent")
+	const maxAttempts = 2
+	b := start(t,
+		quiet(),
+		bus.WithTransport(rabbitmq.New(env.url, func(c *rabbitmq.Config) {
+			c.PublishTimeout = 500 * time.Millisecond
+			c.Topology.DeclareQueue(endpoint.Queue{Name: healthy})
+			c.Topology.DeclareQueue(endpoint.Queue{Name: silent})
+		})),
+		bus.WithDatabase(env.db),
+		bus.WithOutbox(func(o *outbox.Options) {
+			o.TablePrefix = env.prefix
+			o.MaxAttempts = maxAttempts
+		}),
+	)
+	testenv.SuspendRabbitQueue(t, silent)
+	ctx := context.Background()
+	send := func(queue, id string) {
+		t.Helper()
+		err := b.Transaction(ctx, func(tx *gorm.DB) error {
+			return b.SendTx(ctx, tx, queue, bus.Raw{Type: "Silent", Body: []byte(id)}, bus.Headers{bus.HeaderMessageID: id})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		send(silent, fmt.Sprintf("silent-%d", i))
+	}
+	began := time.Now()
+	for i := range 20 {
+		send(healthy, fmt.Sprintf("healthy-%d", i))
+	}
+	var rows []*outbox.Message
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		rows, err = b.OutboxStore().List(ctx, outbox.Query{Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled := 0
+		for _, m := range rows {
+			if m.Status != outbox.StatusPending {
+				settled++
+			}
+		}
+		if settled == len(rows) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rows settled after 30s", settled, len(rows))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var lastHealthy time.Time
+	for _, m := range rows {
+		switch {
+		case strings.HasPrefix(m.MessageID, "silent-"):
+			if m.Status != outbox.StatusParked || m.Attempts != maxAttempts || !strings.Contains(m.LastError, "no confirm") {
+				t.Errorf("row %s to the silent queue: %s after %d attempts (%q); want parked after %d with the reason", m.MessageID, m.Status, m.Attempts, m.LastError, maxAttempts)
+			}
+		case m.Status != outbox.StatusDelivered || m.Attempts != 0:
+			t.Errorf("healthy row %s: %s after %d failed attempts (%q); want delivered at once", m.MessageID, m.Status, m.Attempts, m.LastError)
+		case m.DeliveredAt != nil && m.DeliveredAt.After(lastHealthy):
+			lastHealthy = *m.DeliveredAt
+		}
+	}
+	// A batch that holds a silent row waits PublishTimeout for it (0.5s)
+	// and a broker probe; the healthy rows never wait for its retries.
+	if took := lastHealthy.Sub(began); took > 5*time.Second {
+		t.Errorf("the healthy rows took %v to be delivered beside the silent queue", took)
+	}
+	t.Logf("healthy rows delivered within %v; silent rows parked", lastHealthy.Sub(began).Round(time.Millisecond))
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -69,4 +71,48 @@ func TestNackAmongAcksIsNeverReadAsAck(t *testing.T) {
 		t.Errorf("the healthy queue holds %d messages, want the %d confirmed", got, delivered)
 	}
 	t.Logf("%d rejected, %d delivered", rejected, delivered)
+}
+
+// TestSilentDestinationIsChargedNotTheTransport (issue 33, item 4): a
+// queue whose process stopped answering (suspended: it never confirms)
+// beside a healthy queue. A publish to it used to time out as "transport
+// unavailable", so the relay released its row uncounted, first in the
+// claim order, never parked, and every batch that took it waited
+// PublishTimeout while the worker backed off. The broker answers, so the
+// timeout is the destination's: charged to that message (an attempt of its
+// row), whether or not later publishes on the channel were confirmed; the
+// healthy messages are confirmed.
+func TestSilentDestinationIsChargedNotTheTransport(t *testing.T) {
+	pl := newPlain(t)
+	healthy, silent := uniq("silent-ok"), uniq("silent")
+	pl.cleanupQueues(healthy, silent)
+	cfg := &Config{PublishTimeout: 500 * time.Millisecond}
+	cfg.Topology.DeclareQueue(endpoint.Queue{Name: healthy})
+	cfg.Topology.DeclareQueue(endpoint.Queue{Name: silent})
+	tr := startTransport(t, cfg)
+	testenv.SuspendRabbitQueue(t, silent)
+	ctx := context.Background()
+	for _, batch := range [][]string{{silent, healthy, healthy, silent, healthy}, {silent}} {
+		msgs := make([]*outbox.Message, len(batch))
+		for i, q := range batch {
+			msgs[i] = &outbox.Message{MessageID: fmt.Sprintf("%s-%d-%d", q[len(q)-8:], len(batch), i), Destination: "queue:" + q, Payload: []byte("x")}
+		}
+		began := time.Now()
+		errs := tr.Deliver(outbox.WithRetryAfter(ctx), msgs)
+		took := time.Since(began)
+		for i, err := range errs {
+			switch {
+			case batch[i] == healthy && err != nil:
+				t.Errorf("healthy message %s: %v", msgs[i].MessageID, err)
+			case batch[i] == silent && err == nil:
+				t.Errorf("message %s to the silent queue reported confirmed", msgs[i].MessageID)
+			case batch[i] == silent && errors.Is(err, outbox.ErrTransportUnavailable):
+				t.Errorf("message %s to the silent queue: %v; want it charged to the message, not the transport", msgs[i].MessageID, err)
+			}
+		}
+		if took > 5*time.Second {
+			t.Errorf("a batch of %d took %v with a 500ms PublishTimeout", len(batch), took)
+		}
+		t.Logf("batch of %d: %v after %v", len(batch), errs, took.Round(time.Millisecond))
+	}
 }

@@ -15,34 +15,37 @@ import (
 	"github.com/barewire-go/barewire/transport"
 )
 
-// publisher is one confirm-mode channel. Publishes are serialized on it;
-// confirms and returns are handled by one goroutine (run), which sees a
-// basic.return before the basic.ack of the same message because amqp091
-// hands both over, in frame order, from its single reader goroutine and the
-// return channel is unbuffered.
+// publisher is one confirm-mode channel. Publishes are serialized on it.
+// Each publish is judged by its own DeferredConfirmation, which amqp091
+// settles the moment the broker's ack or nack for it arrives, whatever the
+// order. The channel's NotifyPublish is not used: amqp091 (v1.16.0,
+// unchanged in v1.17.0) hands a multiple ack to every tag from the one it
+// expects next up to the ack's tag, overwriting a nack it already holds for
+// a tag in between, so a nack read there can come out as an ack (issue 31:
+// 35 of 300 in TestNackAmongAcksIsNeverReadAsAck); and it resequences
+// confirms, so one destination that never confirms holds back the
+// notifications of every later publish on the channel (issue 33:
+// TestSilentDestinationIsChargedNotTheTransport).
 //
-// NotifyPublish only says when a publish was judged, never how: amqp091
-// (v1.16.0, unchanged in v1.17.0) hands a multiple ack to every tag from
-// the one it expects next up to the ack's tag, overwriting a nack it
-// already holds for a tag in between. RabbitMQ nacks a publish to a full
-// reject-publish queue at once and acks the publishes around it after
-// fsync, so the nack of a message was reported as an ack (issue 31: 35 of
-// 300 in TestNackAmongAcksIsNeverReadAsAck). The verdict of each publish
-// is read from its own DeferredConfirmation, which amqp091 settles before
-// it notifies NotifyPublish and which a later multiple ack never changes.
+// One goroutine (run) takes the channel's returns and its close. amqp091's
+// single reader hands a basic.return over (the return channel is
+// unbuffered) before it reads the basic.ack of the same message, so once a
+// publish's confirmation is settled its return, if any, has been received
+// by run; sync waits until run has recorded it.
 type publisher struct {
-	t   *Transport
-	ch  *amqp.Channel
-	mu  sync.Mutex    // serializes publishing on ch
-	sem chan struct{} // one slot per unconfirmed publish
+	t       *Transport
+	ch      *amqp.Channel
+	mu      sync.Mutex    // serializes publishing on ch
+	sem     chan struct{} // one slot per unconfirmed publish
+	barrier chan chan struct{}
 
 	pmu      sync.Mutex
 	pending  map[uint64]*pending // by delivery tag
 	dead     bool
 	deadErr  error
-	nacked   bool                 // the broker nacked a publish on ch: retire it
-	nackedTo map[destination]bool // where the nacked publishes went
-	done     chan struct{}        // closed once the channel is gone
+	nacked   bool                   // the broker nacked a publish on ch: retire it
+	nackedTo map[destination]uint64 // the first nacked tag of each destination
+	done     chan struct{}          // closed once the channel is gone
 
 	// users counts the Deliver calls holding the shared publisher;
 	// retired means getPublisher hands it out no more: the last user
@@ -57,14 +60,12 @@ type pending struct {
 	exchange  string
 	key       string
 	messageID string
-	returned  *amqp.Return
-	err       error
-	done      chan struct{}
-
-	// confirm is the publish's own verdict, set before published closes
-	// (closed once the publish call has returned, whatever it returned).
-	confirm   *amqp.DeferredConfirmation
-	published chan struct{}
+	mandatory bool
+	returned  *amqp.Return // set by run, under pmu
+	// confirm is the publish's own verdict (nil when the publish failed):
+	// done on the broker's ack or nack, or as a nack when the channel
+	// closes.
+	confirm *amqp.DeferredConfirmation
 }
 
 // destination is where a publish went: its exchange and routing key.
@@ -123,7 +124,7 @@ func (t *Transport) getPublisher() (*publisher, error) {
 // that never reached the queue, every one after a nack on its channel; read
 // per publish (issue 31), those acks were nacks that amqp091's
 // NotifyPublish had folded into a later multiple ack (docs/guarantees.md,
-// known defects). onConfirm still does not trust an ack that follows a
+// known defects). judge still does not trust an ack that follows a
 // nack to the same destination on the same channel: Deliver sends that
 // message again on a new channel (a duplicate when the ack was true, which
 // the receiving inbox absorbs).
@@ -167,20 +168,20 @@ func (t *Transport) openPublisher() (*publisher, error) {
 		t:       t,
 		ch:      ch,
 		sem:     make(chan struct{}, t.cfg.MaxPendingPublishes),
+		barrier: make(chan chan struct{}),
 		pending: map[uint64]*pending{},
 		done:    make(chan struct{}),
 	}
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 256))
 	returns := ch.NotifyReturn(make(chan amqp.Return)) // unbuffered: see publisher
 	t.pubWG.Add(1)
-	go p.run(confirms, returns, closes)
+	go p.run(returns, closes)
 	return p, nil
 }
 
-func (p *publisher) run(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+func (p *publisher) run(returns <-chan amqp.Return, closes <-chan *amqp.Error) {
 	defer p.t.pubWG.Done()
-	for confirms != nil || returns != nil {
+	for returns != nil {
 		select {
 		case r, ok := <-returns:
 			if !ok {
@@ -188,12 +189,8 @@ func (p *publisher) run(confirms <-chan amqp.Confirmation, returns <-chan amqp.R
 				continue
 			}
 			p.onReturn(r)
-		case c, ok := <-confirms:
-			if !ok {
-				confirms = nil
-				continue
-			}
-			p.onConfirm(c)
+		case b := <-p.barrier:
+			close(b)
 		}
 	}
 	var reason error = amqp.ErrClosed
@@ -220,69 +217,73 @@ func (p *publisher) take(tag uint64) *pending {
 	return pp
 }
 
-func (p *publisher) onConfirm(c amqp.Confirmation) {
-	pp := p.take(c.DeliveryTag)
-	if pp == nil {
-		return
+// reap frees pp's slot once the broker has judged it (or the channel is
+// gone), so that publishing goes on while earlier publishes are awaited.
+// A mandatory publish's entry stays until run has handled the returns read
+// before its ack (sync): onReturn finds it there.
+func (p *publisher) reap(pp *pending) {
+	select {
+	case <-pp.confirm.Done():
+		if pp.mandatory {
+			p.sync()
+		}
+	case <-p.done:
 	}
-	ack := p.verdict(pp, c)
+	p.take(pp.tag)
+}
+
+// sync returns once run has handled every return amqp091 handed over
+// before now (see publisher), or the channel is gone.
+func (p *publisher) sync() {
+	b := make(chan struct{})
+	select {
+	case p.barrier <- b:
+		<-b
+	case <-p.done:
+	}
+}
+
+// judge turns the broker's verdict on pp (ack true or false, the channel
+// still open) into pp's error: nil when it was confirmed. Call it in tag
+// order: an ack to a destination that had a publish nacked before it on
+// this channel is not trusted.
+func (p *publisher) judge(pp *pending, ack bool) error {
 	dest := destination{pp.exchange, pp.key}
 	p.pmu.Lock()
-	afterNack := p.nackedTo[dest]
+	first, wasNacked := p.nackedTo[dest]
+	afterNack := wasNacked && first < pp.tag
 	if !ack {
 		p.nacked = true
 		if p.nackedTo == nil {
-			p.nackedTo = map[destination]bool{}
+			p.nackedTo = map[destination]uint64{}
 		}
-		p.nackedTo[dest] = true
+		if !wasNacked || pp.tag < first {
+			p.nackedTo[dest] = pp.tag
+		}
 	}
+	returned := pp.returned
 	p.pmu.Unlock()
 	if !ack && p.t != nil {
 		p.t.suspect("nack")
 	}
 	switch {
 	case !ack:
-		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
+		return &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key}
 	case afterNack:
-		// Not trusted: on RabbitMQ 3.10 a channel that got a nack from a
-		// quorum queue without a leader goes on to ack publishes to that
-		// queue that it never holds (see releasePublisher). Deliver sends
-		// the message again on a new channel, as if it had been nacked.
-		// Publishes to other destinations are judged on their own: a
-		// full reject-publish queue must not charge its neighbours (on a
-		// cluster, the suspect window covers a nack's wider effects).
-		pp.err = &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key, ackAfterNack: true}
-	case pp.returned != nil:
-		pp.err = &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
-			Code: pp.returned.ReplyCode, Text: pp.returned.ReplyText}
+		// Not trusted: TestProbeQuorumLeaderLoss once showed a channel
+		// that got a nack from a quorum queue without a leader acking
+		// publishes to that queue that it never held (see
+		// releasePublisher; most, perhaps all, were nacks amqp091 had
+		// misreported). Deliver sends the message again on a new
+		// channel, as if it had been nacked. Publishes to other
+		// destinations are judged on their own: a full reject-publish
+		// queue must not charge its neighbours.
+		return &nackedError{messageID: pp.messageID, exchange: pp.exchange, key: pp.key, ackAfterNack: true}
+	case returned != nil:
+		return &ReturnedError{MessageID: pp.messageID, Exchange: pp.exchange, RoutingKey: pp.key,
+			Code: returned.ReplyCode, Text: returned.ReplyText}
 	}
-	close(pp.done)
-}
-
-// verdict is the broker's answer for pp, which c (from NotifyPublish) says
-// has come: the ack or nack of pp's own DeferredConfirmation (see
-// publisher), not c.Ack, which may be a later multiple ack's.
-func (p *publisher) verdict(pp *pending, c amqp.Confirmation) bool {
-	if pp.published == nil {
-		return c.Ack // a pending made by hand in a unit test
-	}
-	// The publish call returns at once after its frames are written; the
-	// broker cannot confirm a publish before that, so this wait is short.
-	<-pp.published
-	if pp.confirm == nil {
-		return c.Ack
-	}
-	select {
-	case <-pp.confirm.Done():
-		return pp.confirm.Acked()
-	default:
-		// amqp091 settles a DeferredConfirmation before it notifies
-		// NotifyPublish: this cannot happen. Count it as a nack, which
-		// sends the message again, rather than trust c.Ack.
-		p.t.log.Error("rabbitmq confirm arrived before the publish's own verdict; treated as a nack",
-			slog.String("message_id", pp.messageID), slog.Uint64("delivery_tag", pp.tag))
-		return false
-	}
+	return nil
 }
 
 // onReturn marks the oldest unconfirmed publish that matches the returned
@@ -306,34 +307,18 @@ func (p *publisher) onReturn(r amqp.Return) {
 		slog.String("routing_key", r.RoutingKey), slog.String("reason", r.ReplyText))
 }
 
-// fail ends the publisher when its channel is gone. Unconfirmed publishes
-// fail as unavailable when the connection was lost (the broker did not judge
-// them; the outbox retries without counting an attempt), and as plain errors
-// when the broker closed the channel over a refused publish.
+// fail ends the publisher when its channel is gone: it frees the slots of
+// the publishes still unconfirmed (their waiters read deadError) and
+// closes done.
 func (p *publisher) fail(reason error) {
 	p.pmu.Lock()
 	p.dead = true
 	p.deadErr = reason
-	var failed []*pending
-	for tag, pp := range p.pending {
+	for tag := range p.pending {
 		delete(p.pending, tag)
 		<-p.sem
-		failed = append(failed, pp)
 	}
 	p.pmu.Unlock()
-	refused := isRefusal(reason)
-	for _, pp := range failed {
-		if refused {
-			// The broker closed the channel over one publish it refused,
-			// without saying which: Deliver sends each unconfirmed message
-			// again alone (isolate) so that only the refused one is charged.
-			pp.err = &channelRefusedError{messageID: pp.messageID, reason: p.t.secret.scrubErr(reason)}
-		} else {
-			pp.err = fmt.Errorf("%w: rabbitmq: connection lost before the broker confirmed message %q: %w",
-				outbox.ErrTransportUnavailable, pp.messageID, p.t.secret.scrubErr(reason))
-		}
-		close(pp.done)
-	}
 	close(p.done)
 
 	t := p.t
@@ -343,7 +328,7 @@ func (p *publisher) fail(reason error) {
 		t.pub = nil
 	}
 	t.pubMu.Unlock()
-	if refused {
+	if isRefusal(reason) {
 		// The broker closed the channel over one publish (NOT_FOUND: an
 		// exchange was deleted under us, ...): forget the exchanges we
 		// believed exist so that they get declared again.
@@ -420,6 +405,7 @@ type job struct {
 	pub       amqp.Publishing
 	wait      *pending
 	sent      time.Time // when it was last published (the suspect window)
+	judged    bool      // the broker acked or nacked its last publish
 }
 
 // Deliver publishes msgs on the confirm-mode channel, all of them before
@@ -527,8 +513,8 @@ func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, man
 	p.publishAll(wctx, jobs, errs)
 
 	var nacked []*job
+	p.await(ctx, wctx, jobs, errs)
 	for _, j := range jobs {
-		t.waitJob(ctx, wctx, j, errs)
 		var ne *nackedError
 		if errors.As(errs[j.i], &ne) {
 			nacked = append(nacked, j)
@@ -546,9 +532,7 @@ func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, man
 				j.wait = nil
 			}
 			p.publishAll(wctx, nacked, errs)
-			for _, j := range nacked {
-				t.waitJob(ctx, wctx, j, errs)
-			}
+			p.await(ctx, wctx, nacked, errs)
 		}
 	}
 	var again []*job
@@ -561,22 +545,133 @@ func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, man
 	if len(again) > 0 {
 		t.isolate(wctx, again, errs)
 	}
+	t.chargeSilent(ctx, jobs, errs)
 	return errs, jobs
 }
 
-// waitJob waits for the confirm of j, if it was published, and records its
-// outcome in errs.
-func (t *Transport) waitJob(ctx, wctx context.Context, j *job, errs []error) {
-	if j.wait == nil {
-		return
+// await waits for the verdicts of jobs published on p (until wctx is
+// done) and records them in errs, in tag order.
+func (p *publisher) await(ctx, wctx context.Context, jobs []*job, errs []error) {
+	var judged []*job
+	returnable := false
+	for _, j := range jobs {
+		pp := j.wait
+		if pp == nil {
+			continue // the publish itself failed: errs says why
+		}
+		select {
+		case <-pp.confirm.Done():
+		case <-wctx.Done():
+		}
+		select { // a verdict that came wins over a deadline passed meanwhile
+		case <-pp.confirm.Done():
+			judged = append(judged, j)
+			returnable = returnable || pp.mandatory
+		default:
+			errs[j.i] = p.t.waitErr(ctx, j)
+		}
 	}
-	select {
-	case <-j.wait.done:
-		errs[j.i] = j.wait.err
-	case <-wctx.Done():
-		errs[j.i] = t.waitErr(ctx, j)
+	if returnable {
+		p.sync() // a return read before an ack is recorded before we judge
+	}
+	for _, j := range judged {
+		pp := j.wait
+		ack := pp.confirm.Acked()
+		if !ack && p.ch.IsClosed() {
+			// A closing channel settles what it leaves unconfirmed as
+			// nacked: the broker did not judge these.
+			<-p.done
+			errs[j.i] = p.deadError(j)
+			continue
+		}
+		j.judged = true
+		errs[j.i] = p.judge(pp, ack)
 	}
 }
+
+// chargeSilent charges to their messages the confirms that did not come
+// within PublishTimeout while the broker answered: a destination that
+// never confirms (a quorum queue without a majority, a stuck queue
+// process) fails its rows like any refusal, so that the relay counts
+// attempts and parks them, rather than retrying them first in line for
+// ever as if the broker were down. The broker answered when another
+// message of the same Deliver was acked or nacked, or when it opens a
+// channel within confirmProbeTimeout now.
+func (t *Transport) chargeSilent(ctx context.Context, jobs []*job, errs []error) {
+	var silent []*job
+	answered := false
+	for _, j := range jobs {
+		var te *confirmTimeoutError
+		if errors.As(errs[j.i], &te) {
+			silent = append(silent, j)
+		}
+		answered = answered || j.judged
+	}
+	if len(silent) == 0 || ctx.Err() != nil || t.blocked.Load() != nil {
+		return
+	}
+	if !answered && !t.brokerAnswers(ctx) {
+		return
+	}
+	for _, j := range silent {
+		errs[j.i] = &silentError{messageID: j.pub.MessageId, exchange: j.exchange, key: j.key, timeout: t.cfg.PublishTimeout}
+	}
+}
+
+// confirmProbeTimeout bounds brokerAnswers.
+const confirmProbeTimeout = 2 * time.Second
+
+// brokerAnswers reports whether the broker opens (and closes) a channel on
+// the current connection within confirmProbeTimeout.
+func (t *Transport) brokerAnswers(ctx context.Context) bool {
+	conn, err := t.currentConn()
+	if err != nil {
+		return false
+	}
+	done := make(chan error, 1)
+	go func() {
+		ch, err := conn.Channel()
+		if err == nil {
+			_ = ch.Close()
+		}
+		done <- err
+	}()
+	timer := time.NewTimer(confirmProbeTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err == nil
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// silentError is the error of a publish the broker did not confirm within
+// PublishTimeout while it answered otherwise: the destination's fault,
+// charged to the message (it does not wrap outbox.ErrTransportUnavailable).
+type silentError struct {
+	messageID, exchange, key string
+	timeout                  time.Duration
+}
+
+func (e *silentError) Error() string {
+	return fmt.Sprintf("rabbitmq: no confirm for message %q to exchange %q with routing key %q within publish timeout %v while the broker answers: the destination does not (a quorum queue without a majority, a queue process that hangs)",
+		e.messageID, e.exchange, e.key, e.timeout)
+}
+
+// confirmTimeoutError is the error of a publish not confirmed within
+// PublishTimeout, until chargeSilent decides whose fault it is.
+type confirmTimeoutError struct {
+	messageID string
+	timeout   time.Duration
+}
+
+func (e *confirmTimeoutError) Error() string {
+	return fmt.Sprintf("rabbitmq: no confirm for message %q within publish timeout %v", e.messageID, e.timeout)
+}
+
+func (e *confirmTimeoutError) Unwrap() error { return outbox.ErrTransportUnavailable }
 
 // maxHeaderBytes bounds a message's properties and headers so that its
 // content header fits one frame of the current connection.
@@ -595,7 +690,7 @@ func (t *Transport) waitErr(ctx context.Context, j *job) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: rabbitmq: gave up waiting for the confirm of message %q: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, err)
 	}
-	return fmt.Errorf("%w: rabbitmq: no confirm for message %q within publish timeout %v", outbox.ErrTransportUnavailable, j.pub.MessageId, t.cfg.PublishTimeout)
+	return &confirmTimeoutError{messageID: j.pub.MessageId, timeout: t.cfg.PublishTimeout}
 }
 
 // publishAll publishes every job, waiting for a free slot whenever
@@ -618,8 +713,7 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 			return
 		}
 		tag := p.ch.GetNextPublishSeqNo()
-		pp := &pending{tag: tag, exchange: j.exchange, key: j.key, messageID: j.pub.MessageId,
-			done: make(chan struct{}), published: make(chan struct{})}
+		pp := &pending{tag: tag, exchange: j.exchange, key: j.key, messageID: j.pub.MessageId, mandatory: j.mandatory}
 		p.pmu.Lock()
 		if p.dead {
 			<-p.sem
@@ -632,12 +726,11 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 
 		j.sent = time.Now()
 		dc, err := p.ch.PublishWithDeferredConfirm(j.exchange, j.key, j.mandatory, false, j.pub)
-		pp.confirm = dc
-		close(pp.published)
+		if err == nil && dc == nil {
+			err = errors.New("channel not in confirm mode") // cannot happen: openPublisher set it
+		}
 		if err != nil {
-			if p.take(tag) != nil {
-				close(pp.done)
-			}
+			p.take(tag)
 			if p.ch.IsClosed() {
 				// The channel closed under us, likely over a neighbour's
 				// refusal: once the publisher has the reason, deadError
@@ -652,11 +745,13 @@ func (p *publisher) publishAll(ctx context.Context, jobs []*job, errs []error) {
 			errs[j.i] = fmt.Errorf("%w: rabbitmq: publish message %q: %w", outbox.ErrTransportUnavailable, j.pub.MessageId, p.t.secret.scrubErr(err))
 			continue
 		}
-		if dc != nil && dc.DeliveryTag != tag {
+		if dc.DeliveryTag != tag {
 			// Cannot happen while every publish on ch goes through p.mu.
 			p.t.log.Error("rabbitmq publish sequence mismatch", slog.Uint64("expected", tag), slog.Uint64("got", dc.DeliveryTag))
 		}
+		pp.confirm = dc
 		j.wait = pp
+		go p.reap(pp)
 	}
 }
 
@@ -733,14 +828,7 @@ func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
 		}
 		j.wait = nil
 		p.publishAll(ctx, []*job{j}, errs)
-		if j.wait != nil {
-			select {
-			case <-j.wait.done:
-				errs[j.i] = j.wait.err
-			case <-ctx.Done():
-				errs[j.i] = t.waitErr(ctx, j)
-			}
-		}
+		p.await(ctx, ctx, []*job{j}, errs)
 		var cre *channelRefusedError
 		if errors.As(errs[j.i], &cre) {
 			errs[j.i] = fmt.Errorf("rabbitmq: broker refused message %q to exchange %q with routing key %q (it closed the channel): %w",

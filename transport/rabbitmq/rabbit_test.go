@@ -1067,43 +1067,34 @@ func TestNackRetiresThePublishChannel(t *testing.T) {
 // held; an ack before the nack stands, and so does an ack to another
 // destination (a full queue must not charge its neighbours: issue 31).
 func TestAckAfterNackIsNotTrusted(t *testing.T) {
-	p := &publisher{sem: make(chan struct{}, 4), pending: map[uint64]*pending{}, done: make(chan struct{})}
-	var pps []*pending
-	for tag := uint64(1); tag <= 4; tag++ {
+	p := &publisher{done: make(chan struct{})}
+	verdicts := []bool{true, false, true, true}
+	errs := make([]error, len(verdicts))
+	for i, ack := range verdicts { // in tag order, as await judges
 		exchange := "x"
-		if tag == 4 {
+		if i == 3 {
 			exchange = "y"
 		}
-		pp := &pending{tag: tag, exchange: exchange, messageID: fmt.Sprint("m", tag), done: make(chan struct{})}
-		p.sem <- struct{}{}
-		p.pending[tag] = pp
-		pps = append(pps, pp)
+		errs[i] = p.judge(&pending{tag: uint64(i + 1), exchange: exchange, messageID: fmt.Sprint("m", i+1)}, ack)
 	}
-	p.onConfirm(amqp.Confirmation{DeliveryTag: 1, Ack: true})
-	p.onConfirm(amqp.Confirmation{DeliveryTag: 2, Ack: false})
-	p.onConfirm(amqp.Confirmation{DeliveryTag: 3, Ack: true})
-	p.onConfirm(amqp.Confirmation{DeliveryTag: 4, Ack: true})
-	for _, pp := range pps {
-		<-pp.done
-	}
-	if pps[0].err != nil {
-		t.Errorf("ack before the nack: %v, want nil", pps[0].err)
+	if errs[0] != nil {
+		t.Errorf("ack before the nack: %v, want nil", errs[0])
 	}
 	var ne *nackedError
-	if !errors.As(pps[1].err, &ne) || ne.ackAfterNack {
-		t.Errorf("nack: %v, want a plain nackedError", pps[1].err)
+	if !errors.As(errs[1], &ne) || ne.ackAfterNack {
+		t.Errorf("nack: %v, want a plain nackedError", errs[1])
 	}
-	if !errors.As(pps[2].err, &ne) || !ne.ackAfterNack {
-		t.Errorf("ack after the nack: %v, want a nackedError marked ackAfterNack", pps[2].err)
+	if !errors.As(errs[2], &ne) || !ne.ackAfterNack {
+		t.Errorf("ack after the nack: %v, want a nackedError marked ackAfterNack", errs[2])
 	}
-	if errors.Is(pps[2].err, outbox.ErrTransportUnavailable) {
+	if errors.Is(errs[2], outbox.ErrTransportUnavailable) {
 		t.Error("an untrusted ack must count as an attempt, like the nack it follows")
 	}
-	if pps[3].err != nil {
-		t.Errorf("ack to another destination after the nack: %v, want nil", pps[3].err)
+	if errs[3] != nil {
+		t.Errorf("ack to another destination after the nack: %v, want nil", errs[3])
 	}
-	if len(p.sem) != 0 {
-		t.Errorf("%d publish slots still taken", len(p.sem))
+	if !p.nacked {
+		t.Error("the publisher is not marked nacked (it must be retired)")
 	}
 }
 
