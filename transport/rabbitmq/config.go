@@ -67,10 +67,11 @@ type Config struct {
 	// nobody consumes yet is not an error) and always on for Send.
 	Mandatory bool
 	// SuspectWindow is how long after a failure signal the broker's
-	// publish confirms are not trusted. Failure signals: the connection
-	// lost or made again, a nack on any publish channel, a publish channel
-	// retired or opened again, and Start itself when more than one broker
-	// address is configured. A message whose publish was sent within
+	// publish confirms are not trusted. Failure signals of the connection,
+	// for every destination: the connection lost or made again, a publish
+	// channel closed under the transport, and Start itself when more than
+	// one broker address is configured. A nack is a signal for its
+	// destination (exchange and routing key) only. A message whose publish was sent within
 	// SuspectWindow after the latest signal is sent again once the window
 	// has passed (same message id: a duplicate when the first confirm was
 	// true, which the receiving inbox absorbs). The outbox relay does not

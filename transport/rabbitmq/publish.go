@@ -95,12 +95,6 @@ func (t *Transport) getPublisher() (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.pubOpened {
-		// A channel replaced (after a nack, a close or a reconnect): its
-		// first publishes may meet a quorum queue without a leader.
-		t.suspect("publish channel reopened")
-	}
-	t.pubOpened = true
 	p.users++
 	t.pub = p
 	return p, nil
@@ -140,7 +134,6 @@ func (t *Transport) releasePublisher(p *publisher) {
 			t.pub = nil
 		}
 		t.log.Debug("rabbitmq publish channel retired after a nack")
-		t.suspect("publish channel retired")
 	}
 	closeIt := p.retired && p.users == 0
 	t.pubMu.Unlock()
@@ -264,7 +257,7 @@ func (p *publisher) judge(pp *pending, ack bool) error {
 	returned := pp.returned
 	p.pmu.Unlock()
 	if !ack && p.t != nil {
-		p.t.suspect("nack")
+		p.t.suspectDest(dest)
 	}
 	switch {
 	case !ack:
@@ -322,12 +315,17 @@ func (p *publisher) fail(reason error) {
 	close(p.done)
 
 	t := p.t
-	t.suspect("publish channel closed")
 	t.pubMu.Lock()
 	if t.pub == p {
 		t.pub = nil
 	}
+	retired := p.retired
 	t.pubMu.Unlock()
+	if !retired {
+		// Closed under us (not retired after a nack, which signals its
+		// destination only): every destination may be affected.
+		t.suspect("publish channel closed")
+	}
 	if isRefusal(reason) {
 		// The broker closed the channel over one publish (NOT_FOUND: an
 		// exchange was deleted under us, ...): forget the exchanges we
@@ -431,7 +429,7 @@ func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message
 
 func (t *Transport) deliver(ctx context.Context, msgs []*outbox.Message, mandatory bool) []error {
 	errs, jobs := t.deliverOnce(ctx, msgs, mandatory)
-	if t.cfg.SuspectWindow > 0 && t.lastSignal.Load() != 0 && len(jobs) > 0 {
+	if t.cfg.SuspectWindow > 0 && t.anySignal.Load() && len(jobs) > 0 {
 		idx := make([]int, len(msgs))
 		for i := range idx {
 			idx[i] = i

@@ -61,10 +61,14 @@ type Transport struct {
 	downSince atomic.Int64              // unix nanoseconds when the connection was lost; 0 while connected
 
 	// The suspect window (Config.SuspectWindow): lastSignal is the time of
-	// the latest failure signal, as nanoseconds since epoch plus one (0:
-	// none yet); epoch carries the monotonic clock.
-	epoch      time.Time
-	lastSignal atomic.Int64
+	// the latest failure signal of the connection, as nanoseconds since
+	// epoch plus one (0: none yet); destSignals holds the same for a nack,
+	// by destination (a destination, an int64); anySignal is set by either.
+	// epoch carries the monotonic clock.
+	epoch       time.Time
+	lastSignal  atomic.Int64
+	destSignals sync.Map
+	anySignal   atomic.Bool
 
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
@@ -72,7 +76,6 @@ type Transport struct {
 	pubMu     sync.Mutex
 	pub       *publisher
 	pubClosed bool
-	pubOpened bool           // a shared publish channel was opened before
 	pubWG     sync.WaitGroup // publisher confirm handlers
 }
 
@@ -135,6 +138,8 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 	t.cfg = c
 	t.epoch = time.Now()
 	t.lastSignal.Store(0)
+	t.destSignals.Clear()
+	t.anySignal.Store(false)
 	t.log = logger.With(slog.String("transport", "rabbitmq"))
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.ready = make(chan struct{})

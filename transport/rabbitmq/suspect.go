@@ -14,9 +14,11 @@ import (
 // a leader ever held (TestProbeQuorumLeaderLoss); read per publish, those
 // acks were nacks amqp091's NotifyPublish folds into a later multiple ack
 // (issue 31; docs/guarantees.md, known defects). When set, every failure
-// signal (the connection lost or made again, a nack, a publish channel
-// retired or reopened, a cluster transport's start) opens a window of
-// SuspectWindow in which no confirm is trusted. A message whose publish was
+// signal of the connection (lost or made again, a publish channel closed
+// under the transport, a cluster transport's start) opens a window of
+// SuspectWindow in which no confirm is trusted, and a nack one in which no
+// confirm of its destination is (issue 33: one full queue must not hold the
+// whole outbox). A message whose publish was
 // sent inside the window is sent once more after it: by the relay (a
 // *outbox.RetryAfterError releases the row, uncounted, until the window
 // ends) or by Deliver itself. Each failure signal costs each message at
@@ -27,32 +29,49 @@ import (
 // error wrapping outbox.ErrTransportUnavailable.
 const maxSuspectRounds = 3
 
-// suspect records a failure signal: confirms of publishes sent from now
-// until SuspectWindow has passed are not trusted.
+// suspect records a failure signal of the connection: confirms of every
+// publish sent from now until SuspectWindow has passed are not trusted.
 func (t *Transport) suspect(reason string) {
 	if t.cfg.SuspectWindow <= 0 {
 		return
 	}
 	t.lastSignal.Store(int64(time.Since(t.epoch)) + 1)
+	t.anySignal.Store(true)
 	if t.log != nil {
 		t.log.Debug("rabbitmq confirms not trusted for a while", slog.String("reason", reason),
 			slog.Duration("suspect_window", t.cfg.SuspectWindow))
 	}
 }
 
-// distrusted reports whether the confirm of a publish sent at sent is not
-// trusted (sent before the end of the latest signal's window), and how long
-// until that window ends (zero if it already has).
-func (t *Transport) distrusted(sent time.Time) (time.Duration, bool) {
+// suspectDest records a nack from dest: confirms of publishes to dest sent
+// from now until SuspectWindow has passed are not trusted. A destination
+// that keeps nacking (a full reject-publish queue) holds only its own
+// messages, never its neighbours'.
+func (t *Transport) suspectDest(dest destination) {
+	if t.cfg.SuspectWindow <= 0 {
+		return
+	}
+	t.destSignals.Store(dest, int64(time.Since(t.epoch))+1)
+	t.anySignal.Store(true)
+}
+
+// distrusted reports whether the confirm of j, sent at j.sent, is not
+// trusted (sent before the end of the window of the connection's latest
+// signal or of its destination's latest nack), and how long until that
+// window ends (zero if it already has).
+func (t *Transport) distrusted(j *job) (time.Duration, bool) {
 	if t.cfg.SuspectWindow <= 0 {
 		return 0, false
 	}
 	sig := t.lastSignal.Load()
+	if v, ok := t.destSignals.Load(destination{j.exchange, j.key}); ok {
+		sig = max(sig, v.(int64))
+	}
 	if sig == 0 {
 		return 0, false
 	}
 	end := t.epoch.Add(time.Duration(sig-1) + t.cfg.SuspectWindow)
-	if !sent.Before(end) {
+	if !j.sent.Before(end) {
 		return 0, false
 	}
 	return max(time.Until(end), 0), true
@@ -72,7 +91,7 @@ func (t *Transport) resendSuspects(ctx context.Context, msgs []*outbox.Message, 
 			if j.sent.IsZero() || errs[idx[j.i]] != nil {
 				continue
 			}
-			if d, ok := t.distrusted(j.sent); ok {
+			if d, ok := t.distrusted(j); ok {
 				again = append(again, j)
 				wait = max(wait, d)
 			}

@@ -104,39 +104,48 @@ func TestSuspectWindowNoFailureChangesNothing(t *testing.T) {
 	wantCopies(t, copies(t, pl, queue), msgs, 1)
 }
 
-// TestSuspectWindowAfterNack: after a nack (a failure signal), the relay's
-// Deliver returns *outbox.RetryAfterError for confirms within the window,
-// with the time left in it; sent again after it, each message is confirmed
-// and was sent exactly twice (once per signal).
-func TestSuspectWindowAfterNack(t *testing.T) {
+// TestSuspectWindowAfterNackHoldsOnlyItsDestination (issue 33, item 3):
+// a nack is a failure signal for its destination only. After the full
+// queue nacks, messages to another queue are trusted at once (one send
+// each, no wait) however often the full one nacks; an ack from the full
+// queue itself within the window is not trusted: the relay's Deliver
+// returns *outbox.RetryAfterError with the time left, and after the window
+// it is trusted.
+func TestSuspectWindowAfterNackHoldsOnlyItsDestination(t *testing.T) {
 	const window = 1500 * time.Millisecond
 	tr, pl, queue, full := suspectSetup(t, window)
 	nackOnce(t, tr, full)
-	msgs := suspectMsgs(queue, 20)
 	ctx := outbox.WithRetryAfter(context.Background())
-	var after time.Duration
-	for i, err := range tr.Deliver(ctx, msgs) {
-		var ra *outbox.RetryAfterError
-		if !errors.As(err, &ra) {
-			t.Fatalf("message %d confirmed in the window: %v, want a *outbox.RetryAfterError", i, err)
+	msgs := suspectMsgs(queue, 20)
+	for round := range 4 {
+		var ne *nackedError
+		if err := tr.Deliver(ctx, []*outbox.Message{{MessageID: fmt.Sprint("full-again-", round), Destination: "queue:" + full}})[0]; !errors.As(err, &ne) {
+			t.Fatalf("publish to the full queue = %v, want a nack", err)
 		}
-		if !errors.Is(err, outbox.ErrTransportUnavailable) {
-			t.Errorf("message %d: %v does not wrap ErrTransportUnavailable (a relay that does not know the type must not count an attempt)", i, err)
-		}
-		if ra.After <= 0 || ra.After > window {
-			t.Errorf("message %d: retry after %v, want the time left in the %v window", i, ra.After, window)
-		}
-		after = max(after, ra.After)
-	}
-	// Sent once already (the confirm was true on one broker).
-	wantCopies(t, copies(t, pl, queue), msgs, 1)
-	time.Sleep(after) // the relay's row is claimable again after this (Store.Release)
-	for i, err := range tr.Deliver(ctx, msgs) {
-		if err != nil {
-			t.Fatalf("message %d sent again after the window: %v", i, err)
+		for i, err := range tr.Deliver(ctx, msgs[round*5:round*5+5]) {
+			if err != nil {
+				t.Fatalf("round %d: message %d to another queue after the full queue's nack: %v, want it trusted", round, i, err)
+			}
 		}
 	}
 	wantCopies(t, copies(t, pl, queue), msgs, 1)
+
+	if _, err := pl.ch().QueuePurge(full, false); err != nil {
+		t.Fatal(err)
+	}
+	room := []*outbox.Message{{MessageID: "room", Destination: "queue:" + full}}
+	var ra *outbox.RetryAfterError
+	err := tr.Deliver(ctx, room)[0]
+	if !errors.As(err, &ra) || ra.After <= 0 || ra.After > window {
+		t.Fatalf("an ack from the queue that nacked, within the window = %v, want a *outbox.RetryAfterError with the time left", err)
+	}
+	time.Sleep(ra.After) // the relay's row is claimable again after this (Store.Release)
+	if _, err := pl.ch().QueuePurge(full, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Deliver(ctx, room)[0]; err != nil {
+		t.Fatalf("the same message after the window: %v", err)
+	}
 }
 
 // TestSuspectWindowDirectDeliverWaits: a Deliver whose caller does not
@@ -145,8 +154,8 @@ func TestSuspectWindowAfterNack(t *testing.T) {
 // returns success; each message is in the queue twice.
 func TestSuspectWindowDirectDeliverWaits(t *testing.T) {
 	const window = 1500 * time.Millisecond
-	tr, pl, queue, full := suspectSetup(t, window)
-	nackOnce(t, tr, full)
+	tr, pl, queue, _ := suspectSetup(t, window)
+	tr.suspect("test: a failure signal of the connection")
 	signal := tr.epoch.Add(time.Duration(tr.lastSignal.Load() - 1))
 	msgs := suspectMsgs(queue, 20)
 	for i, err := range tr.Deliver(context.Background(), msgs) {
@@ -161,10 +170,7 @@ func TestSuspectWindowDirectDeliverWaits(t *testing.T) {
 
 	// A caller's context that ends during the wait gets an error that
 	// wraps ErrTransportUnavailable, not a success.
-	var ne *nackedError // the full queue still holds "fits": a nack again
-	if err := tr.Deliver(context.Background(), []*outbox.Message{{MessageID: "full2", Destination: "queue:" + full}})[0]; !errors.As(err, &ne) {
-		t.Fatalf("publish to the full queue = %v, want a nack", err)
-	}
+	tr.suspect("test: another failure signal")
 	more := []*outbox.Message{{MessageID: "short", Destination: "queue:" + queue}}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
