@@ -473,7 +473,10 @@ func (b *Bus) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", err))
 		}
 	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("bus: stop endpoints: %w", ctx.Err()))
+		// Closing the transport below cancels what still runs; its
+		// messages are not acknowledged and go back to the broker.
+		errs = append(errs, fmt.Errorf("bus: stop endpoints: %d deliveries still in flight at the deadline are canceled and handed back unacknowledged: %w",
+			b.ctr.inFlight.Load(), ctx.Err()))
 	}
 	b.replies.close() // no reply queue is declared from now on
 	b.cancel()
