@@ -105,17 +105,29 @@ test-cluster:
 ## a missing queue, raw AMQP bad ids) in the middle one; fails unless every poison message
 ## is dead-lettered with its reason, refused at publish or parked within 30 s with no
 ## effect, good traffic's p99 stays within 2x the baselines' (5x for poison-short) and no
-## process reconnects
+## process reconnects.
+## PROFILE=interactions (TestInteractions; its 20 s version runs in `make test`): three bus
+## instances whose handlers publish, send, request, schedule and overrun their timeout, a
+## producer, a canceller, a queue that nacks everything, and a seeded schedule of Stop and
+## restart, dropped broker connections and PostgreSQL cut off; fails unless every message
+## reaches its terminal state within 90 s and every Stop returns within its deadline + 3 s.
+## BAREWIRE_INTERACTIONS_SEED=N replays a run's schedule; INTERACTIONS_DURATION (5m) its length.
 .PHONY: reliability
 PROFILE ?= short
 TRANSPORT ?= rabbitmq
 RELIABILITY_KIND = $(if $(filter poison poison-short,$(PROFILE)),TestPoison,TestReliability)
 RELIABILITY_TEST = $(if $(filter postgres,$(TRANSPORT)),$(RELIABILITY_KIND)PostgresTransport,$(if $(filter rabbitmq,$(TRANSPORT)),$(RELIABILITY_KIND),$(if $(filter wmamqp wmnats wmredis,$(TRANSPORT)),$(RELIABILITY_KIND)Watermill/$(TRANSPORT),$(if $(filter cluster,$(TRANSPORT)),$(if $(filter TestPoison,$(RELIABILITY_KIND)),$(error PROFILE=$(PROFILE) has no cluster variant: use short or long),TestReliabilityCluster),$(error TRANSPORT=$(TRANSPORT): use rabbitmq, postgres, wmamqp, wmnats, wmredis or cluster)))))
+# PROFILE=interactions: TestInteractions for INTERACTIONS_DURATION of load (seeded random
+# schedules of features and faults on three in-process instances; see the test's comment).
+INTERACTIONS_DURATION ?= 5m
+ifeq ($(PROFILE),interactions)
+RELIABILITY_TEST = TestInteractions
+endif
 RELIABILITY_CLUSTER = $(if $(filter cluster,$(TRANSPORT)),scripts/rabbitmq-cluster.sh start >/dev/null && BAREWIRE_TEST_AMQP_CLUSTER_URLS=$${BAREWIRE_TEST_AMQP_CLUSTER_URLS:-$$(scripts/rabbitmq-cluster.sh urls)},)
 RELIABILITY_SUMMARY ?= $(or $(TMPDIR),/tmp)/barewire-reliability-$(TRANSPORT)-$(PROFILE).txt
 reliability:
 	@rm -f $(RELIABILITY_SUMMARY)
-	@$(RELIABILITY_CLUSTER) BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) $(if $(filter TestPoison,$(RELIABILITY_KIND)),,BAREWIRE_RELIABILITY_PG_RESTART=1) \
+	@$(RELIABILITY_CLUSTER) BAREWIRE_INTERACTIONS_DURATION=$(INTERACTIONS_DURATION) BAREWIRE_RELIABILITY_PROFILE=$(PROFILE) BAREWIRE_RELIABILITY_SUMMARY=$(RELIABILITY_SUMMARY) $(if $(filter TestPoison,$(RELIABILITY_KIND)),,BAREWIRE_RELIABILITY_PG_RESTART=1) \
 		$(GO) test -race -count=1 -v -run '$(RELIABILITY_TEST)$$' -timeout $(if $(filter long,$(PROFILE)),8h,15m) ./reliability/; \
 		status=$$?; echo; \
 		if [ -f $(RELIABILITY_SUMMARY) ]; then cat $(RELIABILITY_SUMMARY); else echo "reliability: no summary was written (see the output above)"; fi; \

@@ -11,6 +11,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/detach"
 )
 
 // Group commit (endpoint.Batch). An endpoint that group-commits holds
@@ -243,7 +244,10 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 			// the redelivery need not wait for it to expire.
 			for i, j := range jobs {
 				key := inbox.Key{MessageID: items[i].MessageID, ConsumerType: bt.ep.Name()}
-				if err := bt.b.inboxSt.Release(context.WithoutCancel(ctx), key, items[i].Token); err != nil {
+				rctx, cancel := detach.From(ctx)
+				err := bt.b.inboxSt.Release(rctx, key, items[i].Token)
+				cancel()
+				if err != nil {
 					bt.log.WarnContext(j.ctx, "inbox: releasing lock failed; it will expire", "message_id", key.MessageID, "error", err)
 				}
 				j.err = errHandBack

@@ -141,6 +141,10 @@ const (
 	stateStopped
 )
 
+// stopGrace is how long Stop waits past its deadline for the relay and
+// the cleanup loops it has just canceled.
+const stopGrace = time.Second
+
 // running returns nil when the bus is started or draining (its transport
 // and database are open), else ErrNotStarted.
 func (b *Bus) running() error {
@@ -480,7 +484,20 @@ func (b *Bus) Stop(ctx context.Context) error {
 	}
 	b.replies.close() // no reply queue is declared from now on
 	b.cancel()
-	b.bg.Wait()
+	// The relay, the cleaners and the reply consumer end with b.cancel;
+	// one stuck on a silent database or broker is left behind at ctx's
+	// deadline (closing the transport and the store below ends it).
+	bgDone := make(chan struct{})
+	go func() { b.bg.Wait(); close(bgDone) }()
+	select {
+	case <-bgDone:
+	case <-ctx.Done():
+		select { // just canceled: give them a moment
+		case <-bgDone:
+		case <-time.After(stopGrace):
+			errs = append(errs, fmt.Errorf("bus: stop the relay and the cleanup loops: still running %v after the deadline, left behind: %w", stopGrace, ctx.Err()))
+		}
+	}
 	// Flush what committed transactions left in the outbox, within ctx.
 	for ctx.Err() == nil {
 		n, err := b.relay.DispatchOnce(ctx)

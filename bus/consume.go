@@ -19,6 +19,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/internal/plumb"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
@@ -252,7 +253,9 @@ func (b *Bus) settle(ctx context.Context, log *slog.Logger, what string, fn func
 	bo.InitialInterval = 100 * time.Millisecond
 	bo.MaxInterval = 10 * time.Second
 	for n := 1; ; n++ {
-		err := fn(context.WithoutCancel(ctx))
+		fctx, cancel := detach.From(ctx)
+		err := fn(fctx)
+		cancel()
 		if err == nil {
 			return nil
 		}

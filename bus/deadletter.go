@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -53,7 +54,7 @@ func (b *Bus) settleDeadLetter(ctx context.Context, ep *endpoint.Endpoint, log *
 	form, m := deadLetterFull, dl
 	refusals := 0
 	for n := 1; ; n++ {
-		sctx := context.WithoutCancel(ctx)
+		sctx, cancel := detach.From(ctx)
 		var err error
 		if form == deadLetterOutbox {
 			err = b.inTx(sctx, func(tctx context.Context) error { return b.outboxSt.Add(tctx, []*outbox.Message{m}) })
@@ -63,6 +64,7 @@ func (b *Bus) settleDeadLetter(ctx context.Context, ep *endpoint.Endpoint, log *
 		} else {
 			err = b.deliverDeadLetter(sctx, ep, m)
 		}
+		cancel()
 		if err == nil {
 			return form, nil
 		}

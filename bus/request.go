@@ -17,6 +17,7 @@ import (
 
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/gormstore"
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/internal/wire"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport"
@@ -451,7 +452,9 @@ func (b *Bus) answerFault(ctx context.Context, ep *endpoint.Endpoint, msg *messa
 		b.responseDropped(ctx, "unroutable")
 		return
 	}
-	if err := b.tr.Deliver(context.WithoutCancel(ctx), []*outbox.Message{f})[0]; err != nil {
+	dctx, cancel := detach.From(ctx)
+	defer cancel()
+	if err := b.tr.Deliver(dctx, []*outbox.Message{f})[0]; err != nil {
 		log.InfoContext(ctx, "fault response dropped: the requester's reply queue cannot be reached", "message_id", msg.UUID, "response_address", addr, "error", err)
 		b.responseDropped(ctx, "unroutable")
 	}

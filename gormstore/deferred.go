@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -492,7 +493,9 @@ func (d *DeferredTx) end(ctx context.Context) error {
 	if unbegun {
 		return d.conn.Close()
 	}
-	if _, err := d.conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); err != nil {
+	rctx, cancel := detach.From(ctx)
+	defer cancel()
+	if _, err := d.conn.ExecContext(rctx, "ROLLBACK"); err != nil {
 		discard(d.conn)
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/internal/pgerr"
 )
 
@@ -244,7 +245,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumerType string, items []
 				errs[i] = &inbox.StoreError{Op: op, Err: err}
 			}
 		}
-		in.releaseBatch(context.WithoutCancel(ctx), consumerType, ids, tokens)
+		in.releaseDetached(ctx, consumerType, ids, tokens)
 		return errs
 	}
 
@@ -257,7 +258,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumerType string, items []
 		if !committed {
 			if v := recover(); v != nil {
 				_ = tx.Rollback().Error
-				in.releaseBatch(context.WithoutCancel(ctx), consumerType, ids, tokens)
+				in.releaseDetached(ctx, consumerType, ids, tokens)
 				panic(v)
 			}
 		}
@@ -348,7 +349,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumerType string, items []
 			for _, i := range okIdx {
 				errs[i] = inbox.ErrLockLost
 			}
-			in.releaseBatch(context.WithoutCancel(ctx), consumerType, ids, tokens)
+			in.releaseDetached(ctx, consumerType, ids, tokens)
 			return errs
 		}
 		break
@@ -403,3 +404,11 @@ func (in *Inbox) releaseBatch(ctx context.Context, consumerType string, ids, tok
 // abortedTx reports whether a statement failed because an earlier one
 // aborted the PostgreSQL transaction (SQLSTATE 25P02).
 func abortedTx(err error) bool { return pgerr.SQLState(err) == "25P02" }
+
+// releaseDetached releases a batch's locks after its context was canceled
+// or its statement failed, within detach.Timeout.
+func (in *Inbox) releaseDetached(ctx context.Context, consumerType string, ids, tokens []string) {
+	rctx, cancel := detach.From(ctx)
+	defer cancel()
+	in.releaseBatch(rctx, consumerType, ids, tokens)
+}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/barewire-go/barewire/internal/detach"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -61,7 +62,10 @@ func (o *Outbox) ClaimBatch(ctx context.Context, owner string, limit int, hold t
 		return nil, fmt.Errorf("gormstore: outbox claim: %w", err)
 	}
 	if b.msgs, err = toMessages(rows, true); err != nil || len(b.msgs) == 0 {
-		if _, rerr := c.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+		rctx, cancel := detach.From(ctx)
+		_, rerr := c.ExecContext(rctx, "ROLLBACK")
+		cancel()
+		if rerr != nil {
 			discard(c)
 		} else {
 			_ = c.Close()

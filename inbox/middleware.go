@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/barewire-go/barewire/internal/detach"
 )
 
 // Middleware deduplicates deliveries for one consumer type with the
@@ -139,7 +141,10 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !errors.Is(err, ErrLockLost) {
 			// Release at once so the retry (or redelivery) can lock again;
 			// if this fails too, the lock simply expires.
-			if rerr := m.Store.Release(context.WithoutCancel(ctx), key, lock.Token); rerr != nil {
+			rctx, cancel := detach.From(ctx)
+			rerr := m.Store.Release(rctx, key, lock.Token)
+			cancel()
+			if rerr != nil {
 				if m.OnLockKept != nil {
 					m.OnLockKept(ctx, key, lock.Token)
 				}

@@ -2,6 +2,7 @@ package pgtransport
 
 import (
 	"log/slog"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -26,3 +27,7 @@ func OpenNotify(db *gorm.DB, cfg Config, log *slog.Logger, onCommitted func([]*o
 // SetServerVersionNum makes t take num for the server's
 // server_version_num instead of asking it. Call it before Start.
 func (t *Transport) SetServerVersionNum(num int) { t.versionNum = num }
+
+// SetDeliverTimeout overrides the bound of one Deliver (half of RelayLease,
+// at most 30s). Call it before Start.
+func (t *Transport) SetDeliverTimeout(d time.Duration) { t.deliverTimeout = d }

@@ -149,9 +149,12 @@ type Transport struct {
 	// at all for a transaction still open after a minute or past 4096
 	// watched ones). It runs on the commit watcher's goroutine.
 	onCommitted func(msgs []*outbox.Message)
-	n           names
-	schema      schemaAdapter
-	pub         *wsql.Publisher
+	// deliverTimeout bounds one Deliver: half of the relay's lease, at
+	// most 30s (a silent database must not hold a relay worker, nor Stop).
+	deliverTimeout time.Duration
+	n              names
+	schema         schemaAdapter
+	pub            *wsql.Publisher
 
 	ctx    context.Context // lifetime: canceled by Close; messages' contexts derive from it
 	cancel context.CancelFunc
@@ -234,6 +237,10 @@ func (t *Transport) Build(env transport.Env) (transport.Transport, error) {
 		return nil, errors.Join(errs...)
 	}
 	cfg.defaults()
+	t.deliverTimeout = 30 * time.Second
+	if half := env.RelayLease / 2; half > 0 && half < t.deliverTimeout {
+		t.deliverTimeout = half
+	}
 	sqlDB, err := db.DB()
 	if err != nil {
 		return nil, fmt.Errorf("pgtransport: %w", err)
@@ -402,8 +409,12 @@ func (t *Transport) schemaExists(ctx context.Context, tx *sql.Tx) (bool, error) 
 // Deliver writes msgs to their queues: an "exchange:<X>" message gets one
 // row in every queue bound to X (none when nothing is bound, as with a
 // broker), a "queue:<Q>" message one row in Q, or ErrNoQueue when no process
-// declared Q. A nil error means the row is committed.
+// declared Q. A nil error means the row is committed. It takes at most half
+// of the relay's lease (30s at most); past it the messages fail as
+// outbox.ErrTransportUnavailable.
 func (t *Transport) Deliver(ctx context.Context, msgs []*outbox.Message) []error {
+	ctx, cancel := context.WithTimeout(ctx, t.deliverTimeout)
+	defer cancel()
 	errs := make([]error, len(msgs))
 	if t.isClosed() {
 		for i := range errs {
@@ -1008,6 +1019,8 @@ func advisoryKey(name string) int64 {
 // bound to fails (wrapping transport.ErrUnroutable) instead of writing no
 // row. Dead letters use it.
 func (t *Transport) DeliverMandatory(ctx context.Context, msgs []*outbox.Message) []error {
+	ctx, cancel := context.WithTimeout(ctx, t.deliverTimeout)
+	defer cancel()
 	errs := make([]error, len(msgs))
 	var rest []*outbox.Message
 	var at []int

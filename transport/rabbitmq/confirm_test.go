@@ -86,13 +86,15 @@ func TestSilentDestinationIsChargedNotTheTransport(t *testing.T) {
 	pl := newPlain(t)
 	healthy, silent := uniq("silent-ok"), uniq("silent")
 	pl.cleanupQueues(healthy, silent)
-	cfg := &Config{PublishTimeout: 500 * time.Millisecond}
+	// Few publish slots: silent publishes must not keep them (the channel
+	// is retired when a confirm does not come, which settles them).
+	cfg := &Config{PublishTimeout: 500 * time.Millisecond, MaxPendingPublishes: 4}
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: healthy})
 	cfg.Topology.DeclareQueue(endpoint.Queue{Name: silent})
 	tr := startTransport(t, cfg)
 	testenv.SuspendRabbitQueue(t, silent)
 	ctx := context.Background()
-	for _, batch := range [][]string{{silent, healthy, healthy, silent, healthy}, {silent}} {
+	for _, batch := range [][]string{{silent, healthy, healthy, silent, healthy}, {silent}, {silent, silent, silent}, {silent, silent, silent}, {healthy, healthy, healthy, healthy, healthy}} {
 		msgs := make([]*outbox.Message, len(batch))
 		for i, q := range batch {
 			msgs[i] = &outbox.Message{MessageID: fmt.Sprintf("%s-%d-%d", q[len(q)-8:], len(batch), i), Destination: "queue:" + q, Payload: []byte("x")}

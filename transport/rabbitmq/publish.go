@@ -44,6 +44,7 @@ type publisher struct {
 	dead     bool
 	deadErr  error
 	nacked   bool                   // the broker nacked a publish on ch: retire it
+	stale    bool                   // a confirm did not come in time: retire it
 	nackedTo map[destination]uint64 // the first nacked tag of each destination
 	done     chan struct{}          // closed once the channel is gone
 
@@ -124,7 +125,7 @@ func (t *Transport) getPublisher() (*publisher, error) {
 // the receiving inbox absorbs).
 func (t *Transport) releasePublisher(p *publisher) {
 	p.pmu.Lock()
-	nacked := p.nacked
+	nacked := p.nacked || p.stale
 	p.pmu.Unlock()
 	t.pubMu.Lock()
 	p.users--
@@ -133,7 +134,7 @@ func (t *Transport) releasePublisher(p *publisher) {
 		if t.pub == p {
 			t.pub = nil
 		}
-		t.log.Debug("rabbitmq publish channel retired after a nack")
+		t.log.Debug("rabbitmq publish channel retired after a nack or a missing confirm")
 	}
 	closeIt := p.retired && p.users == 0
 	t.pubMu.Unlock()
@@ -567,6 +568,12 @@ func (p *publisher) await(ctx, wctx context.Context, jobs []*job, errs []error) 
 			returnable = returnable || pp.mandatory
 		default:
 			errs[j.i] = p.t.waitErr(ctx, j)
+			// Retire the channel: closing it settles what it leaves
+			// unconfirmed, so that a destination that never confirms
+			// cannot keep publish slots (MaxPendingPublishes) taken.
+			p.pmu.Lock()
+			p.stale = true
+			p.pmu.Unlock()
 		}
 	}
 	if returnable {
