@@ -3,6 +3,7 @@ package wmpubsub_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -263,5 +264,60 @@ func TestReplyQueueDeclaredInitializedAndReleased(t *testing.T) {
 	}
 	if err := rq.DeleteReplyQueue(ctx, "r1"); err != nil {
 		t.Fatalf("DeleteReplyQueue again: %v", err)
+	}
+}
+
+// stuckPub never answers until released, as watermill-amqp waiting for a
+// confirm from a broker in a resource alarm.
+type stuckPub struct{ release chan struct{} }
+
+func (p stuckPub) Publish(string, ...*message.Message) error { <-p.release; return nil }
+func (p stuckPub) Close() error                              { return nil }
+
+// TestPublishTimeoutBoundsEveryPublish: Config.PublishTimeout bounds a
+// publish the Pub/Sub never answers ("transport unavailable", uncounted
+// by the relay); a negative one is refused at Build; after
+// maxStuckPublishes calls are left waiting, Deliver fails at once.
+func TestPublishTimeoutBoundsEveryPublish(t *testing.T) {
+	if _, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return stuckPub{}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return nopSub{}, nil }
+		c.PublishTimeout = -time.Second
+	})); err == nil || !strings.Contains(err.Error(), "PublishTimeout") {
+		t.Errorf("a negative PublishTimeout: %v, want an error naming it", err)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	tr, err := build(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return stuckPub{release}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return nopSub{}, nil }
+		c.PublishTimeout = 100 * time.Millisecond
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := tr.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	msgs := make([]*outbox.Message, 20)
+	for i := range msgs {
+		msgs[i] = &outbox.Message{MessageID: fmt.Sprint("m", i), MessageType: "T", Destination: "exchange:T"}
+	}
+	began := time.Now()
+	errs := tr.Deliver(ctx, msgs)
+	took := time.Since(began)
+	for i, err := range errs {
+		if !errors.Is(err, outbox.ErrTransportUnavailable) {
+			t.Errorf("message %d: %v, want ErrTransportUnavailable", i, err)
+		}
+	}
+	// 16 publishes wait 100ms each; the 4 after them fail at once.
+	if took > 16*100*time.Millisecond+time.Second {
+		t.Errorf("20 stuck publishes took %v with a 100ms PublishTimeout", took)
+	}
+	if !strings.Contains(errs[19].Error(), "still wait") {
+		t.Errorf("the 20th publish: %v, want it refused at once while 16 calls still wait", errs[19])
 	}
 }
