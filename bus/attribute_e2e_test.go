@@ -253,28 +253,7 @@ func TestRabbitRejectedRowsNeverMarkedDelivered(t *testing.T) {
 		}
 	}
 	total := 1 + rounds*perRound
-	var rows []*outbox.Message
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		rows, err = b.OutboxStore().List(ctx, outbox.Query{Limit: total + 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		settled := 0
-		for _, m := range rows {
-			if m.Status != outbox.StatusPending {
-				settled++
-			}
-		}
-		if settled == total {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d rows settled after 30s (rejected rows retry after 1s and park at attempt %d)", settled, total, maxAttempts)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	rows := settledRows(t, b, total, 30*time.Second)
 	var parked, delivered int
 	for _, m := range rows {
 		switch {
@@ -355,28 +334,7 @@ func TestRabbitSilentDestinationParkedNeighboursFlow(t *testing.T) {
 	for i := range 20 {
 		send(healthy, fmt.Sprintf("healthy-%d", i))
 	}
-	var rows []*outbox.Message
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		rows, err = b.OutboxStore().List(ctx, outbox.Query{Limit: 100})
-		if err != nil {
-			t.Fatal(err)
-		}
-		settled := 0
-		for _, m := range rows {
-			if m.Status != outbox.StatusPending {
-				settled++
-			}
-		}
-		if settled == len(rows) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d rows settled after 30s", settled, len(rows))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	rows := settledRows(t, b, 23, 30*time.Second)
 	var lastHealthy time.Time
 	for _, m := range rows {
 		switch {
@@ -396,4 +354,30 @@ func TestRabbitSilentDestinationParkedNeighboursFlow(t *testing.T) {
 		t.Errorf("the healthy rows took %v to be delivered beside the silent queue", took)
 	}
 	t.Logf("healthy rows delivered within %v; silent rows parked", lastHealthy.Sub(began).Round(time.Millisecond))
+}
+
+// settledRows waits until b's outbox holds n rows, none of them pending
+// (polled: no event says a row was parked), and returns them.
+func settledRows(t *testing.T, b *bus.Bus, n int, within time.Duration) []*outbox.Message {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		rows, err := b.OutboxStore().List(context.Background(), outbox.Query{Limit: n + 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		settled := 0
+		for _, m := range rows {
+			if m.Status != outbox.StatusPending {
+				settled++
+			}
+		}
+		if settled == n && len(rows) == n {
+			return rows
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d outbox rows settled after %v", settled, n, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/outbox"
+	"github.com/barewire-go/barewire/outbox/outboxtest"
 	"github.com/barewire-go/barewire/transport/inproc"
 )
 
@@ -122,20 +123,8 @@ func processedEntries(t *testing.T, b *bus.Bus, id string) int {
 	return len(es)
 }
 
-// deliveredRows counts s's delivered rows through List: Stats does not
-// count them (they are history).
+// deliveredRows counts s's delivered rows (Stats does not).
 func deliveredRows(t testing.TB, s outbox.Store) int64 {
 	t.Helper()
-	var n, after int64
-	for {
-		rows, err := s.List(context.Background(), outbox.Query{Status: outbox.StatusDelivered, AfterID: after, Limit: 500})
-		if err != nil {
-			t.Fatalf("list delivered outbox rows: %v", err)
-		}
-		n += int64(len(rows))
-		if len(rows) < 500 {
-			return n
-		}
-		after = rows[len(rows)-1].ID
-	}
+	return outboxtest.Delivered(t, context.Background(), s)
 }

@@ -173,20 +173,8 @@ func TestClaimSetsHoldWithoutRows(t *testing.T) {
 	}
 }
 
-// deliveredRows counts s's delivered rows through List: Stats does not
-// count them (they are history).
+// deliveredRows counts s's delivered rows (Stats does not).
 func deliveredRows(t testing.TB, s outbox.Store) int64 {
 	t.Helper()
-	var n, after int64
-	for {
-		rows, err := s.List(context.Background(), outbox.Query{Status: outbox.StatusDelivered, AfterID: after, Limit: 500})
-		if err != nil {
-			t.Fatalf("list delivered outbox rows: %v", err)
-		}
-		n += int64(len(rows))
-		if len(rows) < 500 {
-			return n
-		}
-		after = rows[len(rows)-1].ID
-	}
+	return outboxtest.Delivered(t, context.Background(), s)
 }

@@ -227,18 +227,17 @@ func stats(t *testing.T, ctx context.Context, s outbox.Store) outbox.Stats {
 func wantCounts(t *testing.T, ctx context.Context, s outbox.Store, pending, parked, delivered int64) {
 	t.Helper()
 	st := stats(t, ctx, s)
-	if got := countDelivered(t, ctx, s); st.Pending != pending || st.Parked != parked || got != delivered {
+	if got := Delivered(t, ctx, s); st.Pending != pending || st.Parked != parked || got != delivered {
 		t.Fatalf("Stats = pending %d, parked %d, and %d rows delivered; want %d, %d, %d",
 			st.Pending, st.Parked, got, pending, parked, delivered)
 	}
 }
 
-// countDelivered counts the delivered rows through List (Stats does not:
-// they are history).
-func countDelivered(t *testing.T, ctx context.Context, s outbox.Store) int64 {
+// Delivered counts s's delivered rows through List (Stats does not count
+// them: they are history). It fails t if List does.
+func Delivered(t testing.TB, ctx context.Context, s outbox.Store) int64 {
 	t.Helper()
-	var n int64
-	var after int64
+	var n, after int64
 	for {
 		rows, err := s.List(ctx, outbox.Query{Status: outbox.StatusDelivered, AfterID: after, Limit: 500})
 		if err != nil {
