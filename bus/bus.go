@@ -111,10 +111,11 @@ type Bus struct {
 	// wakeRelay is relay for wake, which consumers call while Stop holds mu.
 	wakeRelay atomic.Pointer[outbox.Relay]
 
-	// mu serializes Start and Stop's state changes. Stop does not hold it
-	// while it drains: handlers call the bus then (Publish, Request),
-	// and read state without it.
-	mu         sync.Mutex
+	// life serializes Start and Stop's state changes (a one-slot
+	// semaphore, so that Stop can give up waiting for a Start at its
+	// deadline). Stop does not hold it while it drains: handlers call the
+	// bus then (Publish, Request), and read state without it.
+	life       chan struct{}
 	state      atomic.Int32  // stateNew, stateStarted, stateStopping, stateStopped
 	stopped    chan struct{} // closed when Stop has finished
 	cancel     context.CancelFunc
@@ -204,7 +205,7 @@ func New(opts ...Option) (*Bus, error) {
 	if n, ok := f.(transport.Named); ok {
 		system = n.System()
 	}
-	b := &Bus{cfg: c, log: c.logger, system: system}
+	b := &Bus{cfg: c, log: c.logger, system: system, life: make(chan struct{}, 1)}
 	b.tel = newTelemetry(c.telemetry, system)
 	b.obs = newFanout(b.tel, &b.ctr, c.telemetry.observers)
 	b.gate = newDBGate(b, b.log)
@@ -302,8 +303,12 @@ func (b *Bus) Logger() *slog.Logger { return b.log }
 // topology, and starts the endpoints, the relay and the cleanup loops. ctx
 // bounds start-up only.
 func (b *Bus) Start(ctx context.Context) (err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	select {
+	case b.life <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("bus: Start: another Start or Stop is running: %w", ctx.Err())
+	}
+	defer func() { <-b.life }()
 	switch b.state.Load() {
 	case stateStarted:
 		return ErrAlreadyStarted
@@ -442,14 +447,20 @@ func (b *Bus) Transport() transport.Transport { return b.tr }
 // reach the transport, a new Request fails at once with ErrStopping. A
 // second Stop waits for the first (up to its own ctx).
 func (b *Bus) Stop(ctx context.Context) error {
-	b.mu.Lock()
+	select {
+	case b.life <- struct{}{}:
+	case <-ctx.Done():
+		// A Start holds it (migrating, connecting): it is bounded by its
+		// own context, not by ours.
+		return fmt.Errorf("bus: Stop: a Start is still running: %w", ctx.Err())
+	}
 	switch b.state.Load() {
 	case stateNew:
-		b.mu.Unlock()
+		<-b.life
 		return ErrNotStarted
 	case stateStopping:
 		done := b.stopped
-		b.mu.Unlock()
+		<-b.life
 		select {
 		case <-done:
 			return nil
@@ -457,11 +468,11 @@ func (b *Bus) Stop(ctx context.Context) error {
 			return fmt.Errorf("bus: waiting for another Stop: %w", ctx.Err())
 		}
 	case stateStopped:
-		b.mu.Unlock()
+		<-b.life
 		return nil
 	}
 	b.state.Store(stateStopping)
-	b.mu.Unlock()
+	<-b.life
 	defer func() {
 		b.state.Store(stateStopped)
 		close(b.stopped)

@@ -153,7 +153,7 @@ func runDeferred(ctx context.Context, tx *gorm.DB, fn func(tx *gorm.DB) error) (
 func (b *Bus) WakeRelay() { b.wake() }
 
 func (b *Bus) wake() {
-	// Not b.mu: Stop holds it while it waits for the consumers that call this.
+	// No lock: consumers call this while Stop drains them.
 	if r := b.wakeRelay.Load(); r != nil {
 		r.Wake()
 	}

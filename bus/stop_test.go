@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
 
 // signalHandler closes ch at the first record whose message contains text.
@@ -211,5 +213,42 @@ func TestStopDeadlineCancelsAStuckConsumerInProcess(t *testing.T) {
 	case <-canceled:
 	case <-time.After(5 * time.Second):
 		t.Error("the stuck consumer's context was not canceled at Stop's deadline")
+	}
+}
+
+// TestStopWhileStartIsBlocked (issue 33): Stop used to wait for a Start
+// that holds the bus's lock (connecting to a broker that does not answer,
+// migrating behind another instance's lock) whatever Stop's deadline. Now
+// Stop gives up at its deadline and says why; the Start, bounded by its
+// own context, is not disturbed.
+func TestStopWhileStartIsBlocked(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now: every dial is refused
+	b, err := bus.New(quiet(), bus.WithTransport(rabbitmq.New("amqp://guest:guest@"+addr+"/", nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startCtx, cancelStart := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelStart()
+	started := make(chan error, 1)
+	go func() { started <- b.Start(startCtx) }()
+	time.Sleep(200 * time.Millisecond) // let Start take the lock; nothing signals that it has
+	stopCtx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err = b.Stop(stopCtx)
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("Stop took %v with a 300ms deadline while Start was blocked", took)
+	}
+	if err == nil || !strings.Contains(err.Error(), "Start is still running") {
+		t.Errorf("Stop = %v, want it to say a Start is still running", err)
+	}
+	if err := <-started; err == nil {
+		t.Error("Start against a broker nobody listens for succeeded")
 	}
 }
