@@ -307,25 +307,59 @@ func newTelemetry(c telemetryConfig, system string) *telemetry {
 
 // cached holds a value fetched at most once per maxAge.
 type cached[T any] struct {
-	mu sync.Mutex
-	at time.Time
-	v  T
+	mu     sync.Mutex
+	at     time.Time
+	v      T
+	flight *fetchFlight[T] // the fetch in progress, if any
 }
 
+type fetchFlight[T any] struct {
+	done chan struct{}
+	v    T
+	err  error
+}
+
+// statsFetchTimeout bounds one fetch of a cached value, whoever asked.
+const statsFetchTimeout = 5 * time.Second
+
 // get returns the cached value when it is younger than maxAge, otherwise
-// fetches it (one caller at a time). Failures are not cached.
+// the result of one fetch shared by every caller meanwhile. Each caller
+// waits only as long as its own ctx allows; the fetch itself is bounded by
+// statsFetchTimeout, not by the ctx of whoever started it. Failures are
+// not cached.
 func (c *cached[T]) get(ctx context.Context, maxAge time.Duration, fetch func(context.Context) (T, error)) (T, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !c.at.IsZero() && time.Since(c.at) < maxAge {
-		return c.v, nil
+		v := c.v
+		c.mu.Unlock()
+		return v, nil
 	}
-	v, err := fetch(ctx)
-	if err != nil {
-		return v, err
+	f := c.flight
+	if f == nil {
+		f = &fetchFlight[T]{done: make(chan struct{})}
+		c.flight = f
+		go func() {
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statsFetchTimeout)
+			v, err := fetch(fctx)
+			cancel()
+			c.mu.Lock()
+			f.v, f.err = v, err
+			if err == nil {
+				c.v, c.at = v, time.Now()
+			}
+			c.flight = nil
+			c.mu.Unlock()
+			close(f.done)
+		}()
 	}
-	c.v, c.at = v, time.Now()
-	return v, nil
+	c.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.v, f.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
 }
 
 // cachedOutboxStats returns the outbox counts, at most statsMaxAge old.
