@@ -346,13 +346,14 @@ func (t *Transport) DeleteReplyQueue(ctx context.Context, name string) error {
 	}
 	rq.cancel()
 	var errs []error
+	// Both calls reach the Pub/Sub, whose clients may ignore ctx: bounded.
 	if sub != nil {
-		if err := sub.Close(); err != nil {
+		if err := t.bounded(ctx, sub.Close); err != nil {
 			errs = append(errs, fmt.Errorf("wmpubsub: close subscriber of reply queue %q: %w", name, err))
 		}
 	}
 	if t.cfg.DeleteQueue != nil {
-		if err := t.cfg.DeleteQueue(ctx, t.cfg.Topics.Queue(name)); err != nil {
+		if err := t.bounded(ctx, func() error { return t.cfg.DeleteQueue(ctx, t.cfg.Topics.Queue(name)) }); err != nil {
 			errs = append(errs, fmt.Errorf("wmpubsub: delete reply queue %q: %w", name, err))
 		}
 	}
@@ -761,7 +762,7 @@ func (t *Transport) republish(queue string, inner *message.Message) {
 	again := message.NewMessage(inner.UUID, inner.Payload)
 	again.Metadata = maps.Clone(inner.Metadata)
 	delete(again.Metadata, wire.HeaderWatermillUUID)
-	if pub == nil || pub.Publish(t.cfg.Topics.Queue(queue), again) != nil {
+	if pub == nil || t.bounded(t.ctx, func() error { return pub.Publish(t.cfg.Topics.Queue(queue), again) }) != nil {
 		inner.Nack()
 		return
 	}
