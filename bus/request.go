@@ -155,12 +155,15 @@ func Request[Resp any](ctx context.Context, b *Bus, destination string, req any,
 // replies is the bus instance's reply queue, declared at the first
 // request, and the requests waiting for a response.
 type replies struct {
-	mu      sync.Mutex
-	ctx     context.Context // the bus's run context; the subscription lives as long
-	closed  bool            // Stop began: declare nothing more
-	queue   string          // "" until declared
-	done    chan struct{}   // closed when the subscription ends
-	pending map[string]chan *message.Message
+	mu     sync.Mutex
+	ctx    context.Context // the bus's run context; the subscription lives as long
+	closed bool            // Stop began: declare nothing more
+	queue  string          // "" until declared
+	// declaring is closed when the declaration in progress ends (nil
+	// when none is).
+	declaring chan struct{}
+	done      chan struct{} // closed when the subscription ends
+	pending   map[string]chan *message.Message
 }
 
 func (r *replies) start(ctx context.Context) {
@@ -177,39 +180,79 @@ func (r *replies) close() {
 
 // replyQueue declares the instance's reply queue and starts consuming it,
 // once. A failure (the broker down) is returned and tried again by the next
-// request.
+// request. The declaration talks to the broker without holding r.mu (the
+// consumer's responses and Stop need it); requests that come meanwhile
+// wait for it as long as their own contexts allow.
 func (b *Bus) replyQueue(ctx context.Context) (string, <-chan struct{}, error) {
 	rq, ok := b.tr.(transport.ReplyQueues)
 	if !ok {
 		return "", nil, ErrRequestUnsupported
 	}
 	r := &b.replies
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.queue != "" {
-		return r.queue, r.done, nil
+	for {
+		r.mu.Lock()
+		if r.queue != "" {
+			q, done := r.queue, r.done
+			r.mu.Unlock()
+			return q, done, nil
+		}
+		if r.closed || r.ctx == nil {
+			r.mu.Unlock()
+			return "", nil, ErrNotStarted
+		}
+		if wait := r.declaring; wait != nil {
+			r.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return "", nil, fmt.Errorf("bus: wait for the reply queue: %w", ctx.Err())
+			}
+		}
+		declaring := make(chan struct{})
+		r.declaring = declaring
+		runCtx := r.ctx
+		r.mu.Unlock()
+		q, done, err := b.declareReplyQueue(ctx, runCtx, rq)
+		r.mu.Lock()
+		r.declaring = nil
+		r.mu.Unlock()
+		close(declaring)
+		return q, done, err
 	}
-	if r.closed || r.ctx == nil {
-		return "", nil, ErrNotStarted
-	}
+}
+
+// declareReplyQueue declares a reply queue, consumes it for as long as
+// runCtx lives and records it in b.replies, unless Stop began meanwhile.
+func (b *Bus) declareReplyQueue(ctx, runCtx context.Context, rq transport.ReplyQueues) (string, <-chan struct{}, error) {
 	// The instance id names the queue for operators; the random part keeps
 	// two buses given the same WithInstanceID apart.
 	name := "bw.reply." + b.cfg.instanceID + "." + wire.NewID()[:8]
 	if err := rq.DeclareReplyQueue(ctx, name); err != nil {
 		return "", nil, fmt.Errorf("bus: declare the reply queue %q: %w", name, err)
 	}
-	ch, err := b.tr.Subscriber().Subscribe(r.ctx, name)
+	ch, err := b.tr.Subscriber().Subscribe(runCtx, name)
 	if err != nil {
 		return "", nil, fmt.Errorf("bus: consume the reply queue %q: %w", name, err)
 	}
 	done := make(chan struct{})
-	b.bg.Go(func() { // under r.mu, before Stop's Wait (r.closed)
+	consume := func() {
 		defer close(done)
 		for msg := range ch {
 			b.onResponse(msg)
 		}
-	})
-	r.queue, r.done = name, done
+	}
+	r := &b.replies
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queue, r.done = name, done // Stop deletes it, if it has not looked yet
+	if r.closed {
+		// Stop began meanwhile and may be waiting for b.bg already: the
+		// subscription ends with runCtx, which Stop cancels.
+		go consume()
+		return "", nil, ErrStopping
+	}
+	b.bg.Go(consume) // under r.mu, before Stop's Wait (r.closed)
 	if r.pending == nil {
 		r.pending = map[string]chan *message.Message{}
 	}

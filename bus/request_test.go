@@ -10,10 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
+	"github.com/barewire-go/barewire/transport/wmpubsub"
 )
 
 type rrPing struct {
@@ -426,5 +430,66 @@ func TestRequestEndsWhenBusStops(t *testing.T) {
 	}
 	if _, err := bus.Request[rrPong](ctx, b, "rr-stop", rrPing{N: 0}); !errors.Is(err, bus.ErrNotStarted) {
 		t.Fatalf("Request after Stop: %v, want ErrNotStarted", err)
+	}
+}
+
+// blockingInit is a Watermill subscriber whose topic initialization for
+// reply queues waits until released: a broker slow to declare.
+type blockingInit struct {
+	*gochannel.GoChannel
+	release chan struct{}
+}
+
+func (s blockingInit) SubscribeInitialize(topic string) error {
+	if strings.HasPrefix(topic, "bw.reply.") {
+		<-s.release
+	}
+	return nil
+}
+
+func (s blockingInit) Close() error { return nil } // the Pub/Sub is closed once, by the test
+
+// TestRequestsDoNotQueueBehindAReplyQueueDeclaration (issue 33, waits:
+// U12): the first request declares the instance's reply queue. That
+// declaration held the replies lock while it talked to the broker, so
+// every other request, every response and Stop queued behind it whatever
+// their deadlines. Now a request waiting for the declaration gives up at
+// its own deadline, and Stop is not held.
+func TestRequestsDoNotQueueBehindAReplyQueueDeclaration(t *testing.T) {
+	t.Parallel()
+	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer gc.Close()
+	release := make(chan struct{})
+	b, err := bus.New(quiet(), bus.WithTransport(wmpubsub.New(func(c *wmpubsub.Config) {
+		c.Publisher = func(context.Context) (message.Publisher, error) { return blockingInit{gc, release}, nil }
+		c.Subscriber = func(context.Context, string) (message.Subscriber, error) { return blockingInit{gc, release}, nil }
+	})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := bus.Request[bus.Raw](ctx, b, "queue:nobody", bus.Raw{Type: "Q", Body: []byte("{}")}, bus.WithRequestTimeout(2*time.Second))
+		first <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the first request start the declaration; nothing signals it
+	began := time.Now()
+	_, err = bus.Request[bus.Raw](ctx, b, "queue:nobody", bus.Raw{Type: "Q", Body: []byte("{}")}, bus.WithRequestTimeout(200*time.Millisecond))
+	if took := time.Since(began); took > time.Second {
+		t.Errorf("a request behind a declaration in progress took %v with a 200ms timeout", took)
+	}
+	if err == nil || !strings.Contains(err.Error(), "wait for the reply queue") {
+		t.Errorf("request behind a declaration in progress = %v, want it to give up waiting for the reply queue", err)
+	}
+	close(release)
+	<-first
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.Stop(sctx); err != nil {
+		t.Errorf("Stop: %v", err)
 	}
 }
