@@ -52,8 +52,8 @@ func departed(t *testing.T, c Config) {
 		}
 	}
 	// A claimed entry that was not acknowledged would be claimed again
-	// after the redelivery timeout (1s): no event says that nothing
-	// happens, so watch for three of them.
+	// after the redelivery timeout (1-2s): no event says that nothing
+	// happens, so watch for 3s, longer than one.
 	time.Sleep(3 * time.Second)
 	got := e.effects()
 	if got[[2]string{ep, orphan}] != 1 || got[[2]string{ep, neighbour}] != 1 {
