@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,6 +30,7 @@ import (
 	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/inbox"
 	"github.com/barewire-go/barewire/internal/tcpproxy"
+	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/rabbitmq"
 )
@@ -137,41 +137,16 @@ func pgOutbox(env *pgEnv, db *gorm.DB, more ...func(*outbox.Options)) []bus.Opti
 // proxied opens a pool on env's database through a proxy that can cut it off.
 func proxied(t *testing.T, env *pgEnv) (*gorm.DB, *tcpproxy.Proxy) {
 	t.Helper()
-	host, port := dsnField(env.dsn, "host", "127.0.0.1"), dsnField(env.dsn, "port", "5432")
-	p, err := tcpproxy.New(net.JoinHostPort(host, port))
+	p, err := tcpproxy.New(testenv.PostgresAddr(env.dsn))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	h, pp, _ := net.SplitHostPort(p.Addr())
 	direct := env.dsn
-	env.dsn = replaceDSNField(replaceDSNField(direct, "host", h), "port", pp)
+	env.dsn = testenv.PostgresDSNVia(direct, p.Addr())
 	db := env.open(t)
 	env.dsn = direct
 	return db, p
-}
-
-func dsnField(dsn, key, def string) string {
-	for _, f := range strings.Fields(dsn) {
-		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			return v
-		}
-	}
-	return def
-}
-
-func replaceDSNField(dsn, key, val string) string {
-	fields := strings.Fields(dsn)
-	found := false
-	for i, f := range fields {
-		if strings.HasPrefix(f, key+"=") {
-			fields[i], found = key+"="+val, true
-		}
-	}
-	if !found {
-		fields = append(fields, key+"="+val)
-	}
-	return strings.Join(fields, " ")
 }
 
 // TestAbortedTransactionIsTheConsumersFailure: a consumer that ignores a

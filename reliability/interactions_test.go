@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -132,13 +131,11 @@ func newInteractions(t *testing.T, seed uint64) *interactions {
 		t.Fatal(err)
 	}
 	ix.db = db
-	host, port := dsnValue(dsn, "host", "127.0.0.1"), dsnValue(dsn, "port", "5432")
-	ix.pgx, err = tcpproxy.New(net.JoinHostPort(host, port))
+	ix.pgx, err = tcpproxy.New(testenv.PostgresAddr(dsn))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, p, _ := net.SplitHostPort(ix.pgx.Addr())
-	proxied := withDSNValue(withDSNValue(dsn, "host", h), "port", p)
+	proxied := testenv.PostgresDSNVia(dsn, ix.pgx.Addr())
 	for range instances {
 		pdb, err := postgresdb.Open(proxied)
 		if err != nil {
@@ -672,24 +669,4 @@ func (ix *interactions) deleteQueues() {
 			_ = ch.ExchangeDelete(v, false, false)
 		}
 	}
-}
-
-func dsnValue(dsn, key, def string) string {
-	for _, f := range strings.Fields(dsn) {
-		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			return v
-		}
-	}
-	return def
-}
-
-func withDSNValue(dsn, key, val string) string {
-	fields := strings.Fields(dsn)
-	for i, f := range fields {
-		if strings.HasPrefix(f, key+"=") {
-			fields[i] = key + "=" + val
-			return strings.Join(fields, " ")
-		}
-	}
-	return dsn + " " + key + "=" + val
 }

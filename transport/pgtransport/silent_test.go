@@ -3,8 +3,6 @@ package pgtransport_test
 import (
 	"context"
 	"errors"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,28 +22,12 @@ import (
 func TestPostgresDeliverBoundedWhenTheDatabaseDoesNotAnswer(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	e := newEnv(t)
-	host, port := "127.0.0.1", "5432"
-	for _, f := range strings.Fields(dsn) {
-		if v, ok := strings.CutPrefix(f, "host="); ok {
-			host = v
-		}
-		if v, ok := strings.CutPrefix(f, "port="); ok {
-			port = v
-		}
-	}
-	px, err := tcpproxy.New(net.JoinHostPort(host, port))
+	px, err := tcpproxy.New(testenv.PostgresAddr(dsn))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer px.Close()
-	h, p, _ := net.SplitHostPort(px.Addr())
-	var fields []string
-	for _, f := range strings.Fields(dsn) {
-		if !strings.HasPrefix(f, "host=") && !strings.HasPrefix(f, "port=") {
-			fields = append(fields, f)
-		}
-	}
-	db, err := postgresdb.Open(strings.Join(append(fields, "host="+h, "port="+p), " "))
+	db, err := postgresdb.Open(testenv.PostgresDSNVia(dsn, px.Addr()))
 	if err != nil {
 		t.Fatal(err)
 	}
