@@ -13,31 +13,7 @@ import (
 // TestCut: bytes flow both ways through the proxy; Cut ends the client's
 // connection (its read fails) and a new one works.
 func TestCut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { // echo lines
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					l, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					_, _ = c.Write([]byte(l))
-				}
-			}()
-		}
-	}()
-	p, err := tcpproxy.New(ln.Addr().String())
+	p, err := tcpproxy.New(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,27 +81,7 @@ func TestCut(t *testing.T) {
 // TestFreeze: while frozen nothing crosses the proxy and nothing is
 // closed; Thaw delivers what was held, in order, and traffic flows again.
 func TestFreeze(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		r := bufio.NewReader(c)
-		for {
-			l, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte(l))
-		}
-	}()
-	p, err := tcpproxy.New(ln.Addr().String())
+	p, err := tcpproxy.New(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,4 +129,35 @@ func TestForURL(t *testing.T) {
 	if _, _, err := tcpproxy.ForURL("not a url with secret"); err == nil || strings.Contains(err.Error(), "secret") {
 		t.Fatalf("err %v: want an error that does not quote the URL", err)
 	}
+}
+
+// echoServer listens on a free port of 127.0.0.1 until t ends, echoing
+// every line each connection sends, and returns its address.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					l, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					_, _ = c.Write([]byte(l))
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
