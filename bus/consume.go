@@ -106,6 +106,7 @@ func (b *Bus) handler(ep *endpoint.Endpoint) message.NoPublishHandlerFunc {
 		},
 		OnLockKept: func(ctx context.Context, _ inbox.Key, token string) { keepLock(ctx, token) },
 		Stopping:   b.gate.stopping(),
+		Settled:    &inbox.Settled{},
 	}
 	if b.cfg.clock != nil {
 		mw.Clock = b.cfg.clock
@@ -404,6 +405,10 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		var fallback bool
 		if fallback, err = bt.submit(ctx, msg.UUID, run, state, alone); fallback {
 			err = alone()
+		} else {
+			// The batch settled it: a duplicate of this process waiting
+			// for its lock looks again at once.
+			mw.Settled.Settle(inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()})
 		}
 	} else {
 		err = alone()

@@ -46,7 +46,7 @@ func TestWaitForBusyLockWakesWhenTheClockAdvances(t *testing.T) {
 	m := &Middleware{Clock: clk}
 	done := make(chan error, 1)
 	expires := clk.Now().Add(time.Hour)
-	go func() { done <- m.wait(context.Background(), expires, time.Hour) }()
+	go func() { done <- m.wait(context.Background(), expires, time.Hour, nil) }()
 	<-clk.waiting
 	clk.advance(time.Hour)
 	select {

@@ -43,6 +43,10 @@ type Middleware struct {
 	// ErrBusy when it is closed (the bus is stopping): the message goes
 	// back to the broker instead of holding Stop until the lock expires.
 	Stopping <-chan struct{}
+	// Settled, when set, is shared by the deliveries of one consumer type
+	// in this process: a delivery waiting for another's lock wakes as soon
+	// as that one's attempt ends, instead of at the next BusyDelay.
+	Settled *Settled
 	// Clock, when set, is the clock the store decides lock expiry by (a
 	// test's fake clock): the wait for another delivery's lock measures
 	// against it and ends early when it advances. Nil: the real clock.
@@ -87,14 +91,21 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if m.SingleTransaction {
 			for {
 				ran, handlerErr = false, nil
+				settled, unwatch := m.watch(key)
 				done, err := m.Store.ProcessAndLock(ctx, key, run)
+				if ran {
+					m.Settled.Settle(key)
+				}
 				if err != nil {
+					unwatch()
 					return nil, storeErr("process", err)
 				}
 				if done {
+					unwatch()
 					return nil, nil
 				}
-				busy, err := m.existingIsBusy(ctx, key, log, busyDelay)
+				busy, err := m.existingIsBusy(ctx, key, log, busyDelay, settled)
+				unwatch()
 				if err != nil || !busy {
 					return nil, err
 				}
@@ -110,28 +121,40 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		var lock Lock
 		var err error
 		for {
+			// Watch before the read: a holder in this process that ends
+			// between the read and the wait still wakes us.
+			settled, unwatch := m.watch(key)
 			if pipelined {
 				lock, err = lp.LockAndProcess(ctx, key, m.LockTimeout, run)
 				if err != nil && lock.State == 0 {
+					unwatch()
 					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
 				}
 			} else {
 				lock, err = m.Store.TryLock(ctx, key, m.LockTimeout)
 				if err != nil {
+					unwatch()
 					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
 				}
 			}
 			if lock.State == Processed {
+				unwatch()
 				m.duplicate(ctx, key, log)
 				return nil, nil
 			}
 			if lock.State == Acquired {
+				unwatch()
 				break
 			}
-			if err := m.wait(ctx, lock.ExpiresAt, busyDelay); err != nil {
+			err := m.wait(ctx, lock.ExpiresAt, busyDelay, settled)
+			unwatch()
+			if err != nil {
 				return nil, err
 			}
 		}
+		// Whatever the attempt's end, deliveries of this process waiting
+		// for the entry look again at once.
+		defer m.Settled.Settle(key)
 		if !pipelined {
 			err = m.Store.Process(ctx, key, lock.Token, run)
 		}
@@ -160,13 +183,13 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // existing entry is a duplicate (it acks and reports false) or an
 // in-progress delivery (it waits, then reports true so the caller tries
 // again).
-func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logger, busyDelay time.Duration) (bool, error) {
+func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logger, busyDelay time.Duration, settled <-chan struct{}) (bool, error) {
 	entries, err := m.Store.List(ctx, Query{MessageID: key.MessageID, ConsumerType: key.ConsumerType, Limit: 1})
 	if err != nil {
 		return false, &StoreError{Op: "read entry " + key.MessageID + "/" + key.ConsumerType, Err: err}
 	}
 	if len(entries) == 1 && entries[0].ProcessedAt == nil {
-		if err := m.wait(ctx, entries[0].ExpiresAt, busyDelay); err != nil {
+		if err := m.wait(ctx, entries[0].ExpiresAt, busyDelay, settled); err != nil {
 			return false, err
 		}
 		return true, nil
@@ -182,10 +205,20 @@ func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 	}
 }
 
+// watch is Settled.Watch, or a nil channel when the middleware has no
+// Settled.
+func (m *Middleware) watch(k Key) (<-chan struct{}, func()) {
+	if m.Settled == nil {
+		return nil, func() {}
+	}
+	return m.Settled.Watch(k)
+}
+
 // wait sleeps until the other delivery's lock should be settled, at most
-// busyDelay, and returns ErrBusy if ctx ends or Stopping closes first (the
-// message is then requeued, not lost).
-func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
+// busyDelay, or until settled closes (the holder, in this process, ended
+// its attempt), and returns ErrBusy if ctx ends or Stopping closes first
+// (the message is then requeued, not lost).
+func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration, settled <-chan struct{}) error {
 	now, advanced := time.Now, (<-chan struct{})(nil)
 	if m.Clock != nil {
 		// The channel first: an advance between the two calls still wakes us.
@@ -204,6 +237,8 @@ func (m *Middleware) wait(ctx context.Context, expiresAt time.Time, busyDelay ti
 	case <-m.Stopping: // nil when not set: never ready
 		return ErrBusy
 	case <-t.C:
+		return nil
+	case <-settled: // nil without Settled: never ready
 		return nil
 	case <-advanced:
 		return nil
