@@ -2,37 +2,54 @@
 GO ?= go
 STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all test test-ordering-long test-short lint vet staticcheck bench demo check-docs fuzz-short
+.PHONY: all test test-embedded test-integration test-faults test-ordering-long lint vet staticcheck bench demo check-docs fuzz-short
 
 all: lint test
 
-## test: race-enabled tests; integration tests need BAREWIRE_TEST_POSTGRES_DSN and BAREWIRE_TEST_AMQP_URL.
-## The reliability suite runs on its own afterwards: it restarts PostgreSQL and closes
-## broker connections, which would break tests running beside it. It includes the
-## poison-short profile on both transports (TestPoison, TestPoisonPostgresTransport), and
-## the short and poison-short profiles on the Watermill presets (TestReliabilityWatermill,
-## TestPoisonWatermill: about 7 minutes for the three, without the PostgreSQL restart).
-## The short cluster profile (TestReliabilityCluster, 3-4 minutes under load) runs last, on the
-## 3-node cluster named by BAREWIRE_TEST_AMQP_CLUSTER_URLS (.ci/run starts it; without the variable
-## it skips outside CI); it is in since the transport's suspect window closed the quorum-queue loss
-## it found (docs/guarantees.md, known defects). `make reliability TRANSPORT=cluster` runs it alone.
-## The wmamqp conformance suite, its publisher's connection-cut test and its frozen-broker test,
-## and the wmnats conformance suite, run once more without -race: they are skipped under -race, as
-## watermill-amqp v3.0.2's reconnect and watermill-nats v2.1.3's unsubscribe race.
-test:
+## test: every suite, as CI runs it (.ci/run): test-integration, then test-faults. Without the
+## BAREWIRE_TEST_* variables the integration tests skip (under CI=true a skip fails).
+test: test-integration test-faults
+
+## test-embedded: what a fresh clone runs with nothing installed: the race-enabled tests with
+## -short and the services' variables cleared (the in-process transport and SQLite only).
+SERVICE_VARS = BAREWIRE_TEST_POSTGRES_DSN BAREWIRE_TEST_AMQP_URL BAREWIRE_TEST_NATS_URL BAREWIRE_TEST_REDIS_ADDR BAREWIRE_TEST_AMQP_CLUSTER_URLS
+test-embedded:
+	env $(foreach v,$(SERVICE_VARS),-u $(v)) CI= $(GO) test -race -count=1 -short ./...
+
+## test-integration: every package but the reliability suite, race-enabled, against the
+## services named by BAREWIRE_TEST_POSTGRES_DSN, BAREWIRE_TEST_AMQP_URL, BAREWIRE_TEST_NATS_URL
+## and BAREWIRE_TEST_REDIS_ADDR (CI sets all four; see README). The wmamqp conformance suite,
+## its publisher's connection-cut test and its frozen-broker test, and the wmnats conformance
+## suite, run once more without -race: they are skipped under -race, as watermill-amqp
+## v3.0.2's reconnect and watermill-nats v2.1.3's unsubscribe race.
+test-integration:
 	$(GO) test -race -count=1 -timeout 12m $$($(GO) list ./... | grep -v /reliability)
 	$(GO) test -count=1 -timeout 3m -run '^(TestConformance|TestPublisherSurvivesConnectionCuts|TestPublishBoundedWhileTheBrokerDoesNotAnswer)$$' ./transport/wmpubsub/wmamqp/ ./transport/wmpubsub/wmnats/
-	BAREWIRE_RELIABILITY_PG_RESTART=1 $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
+
+## test-faults: the reliability suite, on its own because its faults would break tests running
+## beside it: it kills and freezes its own child processes and cuts their broker and database
+## connections. It includes the poison-short profile on both transports (TestPoison,
+## TestPoisonPostgresTransport), the short and poison-short profiles on the Watermill presets
+## (TestReliabilityWatermill, TestPoisonWatermill: about 7 minutes for the three), the 20 s
+## interaction profile (TestInteractions), and last the short cluster profile
+## (TestReliabilityCluster, 3-4 minutes) on the 3-node cluster named by
+## BAREWIRE_TEST_AMQP_CLUSTER_URLS (.ci/run starts it; without the variable it skips outside CI).
+## One fault restarts the machine's PostgreSQL cluster (pg_ctlcluster): it runs only when
+## PG_RESTART=1, which CI=true sets; otherwise the profile skips that fault and says so.
+PG_RESTART ?= $(if $(CI),1,$(BAREWIRE_RELIABILITY_PG_RESTART))
+test-faults:
+	@if [ "$(PG_RESTART)" = 1 ]; then \
+		echo "test-faults: PG_RESTART=1: one fault restarts this machine's PostgreSQL cluster (pg_ctlcluster ... restart)"; \
+	else \
+		echo "test-faults: the PostgreSQL restart fault is skipped (PG_RESTART=1 runs it; it restarts this machine's PostgreSQL)"; \
+	fi
+	BAREWIRE_RELIABILITY_PG_RESTART=$(PG_RESTART) $(GO) test -race -count=1 -timeout 15m -skip 'Watermill|^TestReliabilityCluster$$' ./reliability/...
 	$(GO) test -race -count=1 -timeout 15m -run 'Watermill' ./reliability/
 	$(GO) test -race -count=1 -timeout 12m -run '^TestReliabilityCluster$$' ./reliability/
 
 ## test-ordering-long: the per-key ordering test at full size (100 keys x 200 messages, 3 instances, SIGKILLs)
 test-ordering-long:
 	BW_ORDERING_PER=200 $(GO) test -count=1 -timeout 15m -run '^TestOrderedAcrossInstancesWithKills$$' -v ./bus/
-
-## test-short: embedded-only tests (no services)
-test-short:
-	$(GO) test -race -count=1 -short ./...
 
 ## fuzz-short: each go test -fuzz target for FUZZTIME (10s) after its seed corpus (the
 ## poison cases): the inbound conversion and dispatch, and the publish envelope
@@ -69,12 +86,15 @@ bench:
 
 ## demo: the main job on the embedded default
 demo:
-	$(GO) run ./samples/inbox-deduplication -demo
+	$(GO) run -tags embedded ./samples/inbox-deduplication -demo
 
-## check-docs: every sample builds; doc snippets match their sources
+## check-docs: every sample builds, with and without -tags embedded; doc snippets match their
+## sources; every Go identifier named in backticks in the docs exists
 check-docs:
 	$(GO) build ./samples/... ./cmd/... 2>/dev/null || $(GO) build ./samples/...
+	$(GO) build -tags embedded ./samples/...
 	$(GO) run ./internal/tools/docsnippets
+	$(GO) run ./internal/tools/docidents
 
 ## test-cluster: start the 3-node RabbitMQ cluster beside the machine's broker
 ## (scripts/rabbitmq-cluster.sh, AMQP ports 5681-5683) and run TestClusterNodeLoss on it (needs

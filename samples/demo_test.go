@@ -278,3 +278,59 @@ func runDemo(t *testing.T, bin string, args ...string) string {
 	t.Logf("%s -demo passed in %v", filepath.Base(bin), time.Since(start).Round(time.Millisecond))
 	return out.String()
 }
+
+// serviceClients are packages that a build with -tags embedded must not
+// link: the transports' clients and the PostgreSQL driver.
+var serviceClients = []string{
+	"github.com/rabbitmq/amqp091-go",
+	"github.com/jackc/pgx/v5",
+	"github.com/nats-io/nats.go",
+	"github.com/redis/go-redis/v9",
+	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp",
+}
+
+// TestEmbeddedBuild checks the README's main-job command: with -tags
+// embedded the inbox-deduplication sample links no service client, its
+// demo runs and tells what each delivery came to, and a selection that
+// needs a service stops at once (exit status 2) saying how to build it.
+func TestEmbeddedBuild(t *testing.T) {
+	out, err := exec.Command("go", "list", "-tags", "embedded", "-deps", "./inbox-deduplication").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(out)) {
+		deps[p] = true
+	}
+	if !deps["github.com/glebarez/go-sqlite"] {
+		t.Fatalf("go list -deps does not list the SQLite driver; the check below would prove nothing:\n%s", out)
+	}
+	for _, p := range serviceClients {
+		if deps[p] {
+			t.Errorf("built with -tags embedded, inbox-deduplication links %s", p)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "inbox-deduplication")
+	if out, err := exec.Command("go", "build", "-tags", "embedded", "-o", bin, "./inbox-deduplication").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags embedded: %v\n%s", err, out)
+	}
+	demo := runDemo(t, bin)
+	if n := strings.Count(demo, " processed: the consumer ran"); n != 2 {
+		t.Errorf("the demo tells %d processed deliveries; want 2:\n%s", n, demo)
+	}
+	if n := strings.Count(demo, " duplicate: the inbox already holds"); n != 5 {
+		t.Errorf("the demo tells %d duplicates; want 5:\n%s", n, demo)
+	}
+	for _, args := range [][]string{{"-transport", "rabbitmq", "-amqp-url", "amqp://127.0.0.1:1/"}, {"-postgres-dsn", "host=127.0.0.1"}} {
+		cmd := exec.Command(bin, append([]string{"-demo"}, args...)...)
+		cmd.Env = append(os.Environ(), clearedEnv...)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+			t.Errorf("%v: want exit status 2, got %v:\n%s", args, err, out)
+		}
+		if !strings.Contains(string(out), "built with -tags embedded") {
+			t.Errorf("%v: the error does not say the build left the service out:\n%s", args, out)
+		}
+	}
+}

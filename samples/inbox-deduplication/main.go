@@ -18,6 +18,7 @@ import (
 	"log"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -75,7 +76,8 @@ func audit(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
 
 func main() {
 	f := sample.ParseFlags("127.0.0.1:8080")
-	b, err := f.NewBus(declare, nil)
+	var seen deliveries
+	b, err := f.NewBus(declare, nil, bus.WithObserver(seen.record))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -87,7 +89,7 @@ func main() {
 	mux.HandleFunc("GET /notifications", sample.Rows[Notification](b, "notifications", "sent_at", 0, nil))
 	mux.HandleFunc("GET /audit", sample.Rows[AuditEntry](b, "entries", "at", 0, nil))
 	mux.HandleFunc("GET /inbox", a.inbox)
-	if err := f.Run(b, mux, func(ctx context.Context) error { return demo(ctx, b, f) }, 0, func(context.Context) error { return migrate(b) }); err != nil {
+	if err := f.Run(b, mux, func(ctx context.Context) error { return demo(ctx, b, f, &seen) }, 0, func(context.Context) error { return migrate(b) }); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -194,9 +196,48 @@ func (a *app) inbox(w http.ResponseWriter, r *http.Request) {
 	sample.WriteJSON(w, http.StatusOK, map[string]any{"count": len(out), "entries": out})
 }
 
+// deliveries records what each delivery's handling came to (bus.WithObserver),
+// for the demo to tell.
+type deliveries struct {
+	mu     sync.Mutex
+	events []bus.Event
+}
+
+func (d *deliveries) record(ev bus.Event) {
+	if ev.Kind != bus.EventHandled {
+		return
+	}
+	d.mu.Lock()
+	d.events = append(d.events, bus.Event{Endpoint: ev.Endpoint, MessageID: ev.MessageID, Outcome: ev.Outcome, Err: ev.Err})
+	d.mu.Unlock()
+}
+
+func (d *deliveries) of(id string) []bus.Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []bus.Event
+	for _, ev := range d.events {
+		if ev.MessageID == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// explain says in words what a delivery's outcome means.
+func explain(ev bus.Event) string {
+	switch ev.Outcome {
+	case bus.OutcomeCommitted:
+		return "processed: the consumer ran; its row and the inbox's processed mark committed in one transaction"
+	case bus.OutcomeDuplicate:
+		return "duplicate: the inbox already holds (message-id, " + ev.Endpoint + ") as processed, so the consumer did not run"
+	}
+	return ev.Outcome + ": " + fmt.Sprint(ev.Err)
+}
+
 // demo runs the scenario without HTTP: publish, re-publish twice, redeliver,
-// then show what each consumer did.
-func demo(ctx context.Context, b *bus.Bus, f sample.Flags) error {
+// then show what each delivery came to and what each consumer did.
+func demo(ctx context.Context, b *bus.Bus, f sample.Flags, ds *deliveries) error {
 	if err := migrate(b); err != nil {
 		return err
 	}
@@ -223,6 +264,8 @@ func demo(ctx context.Context, b *bus.Bus, f sample.Flags) error {
 		{"re-published it again (same message-id)", func() error { return b.Publish(ctx, p, h) }},
 		{"redelivered it to email-notifications", func() error { return b.Send(ctx, "email-notifications", p, h) }},
 	}
+	fmt.Println("\nwhat the producer did (a publish reaches both endpoints; a redelivery puts the message on one")
+	fmt.Println("endpoint's queue again, as a broker does when an acknowledgement is lost):")
 	for _, s := range steps {
 		if err := send(s.what, s.fn); err != nil {
 			return err
@@ -233,7 +276,7 @@ func demo(ctx context.Context, b *bus.Bus, f sample.Flags) error {
 	seen := func(st bus.Stats) int64 {
 		return st.Consumed - before.Consumed + st.Duplicates - before.Duplicates
 	}
-	for st := b.Stats(); seen(st) < 7; st = b.Stats() {
+	for st := b.Stats(); seen(st) < 7 || len(ds.of(id)) < 7; st = b.Stats() {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("demo timed out: %+v", st)
@@ -249,6 +292,10 @@ func demo(ctx context.Context, b *bus.Bus, f sample.Flags) error {
 		return err
 	}
 	st := b.Stats()
+	fmt.Println("\nwhat each delivery came to, in the order they ended (7 deliveries: 4 to email-notifications, 3 to audit-log):")
+	for _, ev := range ds.of(id) {
+		fmt.Printf("  %-20s %s\n", ev.Endpoint, explain(ev))
+	}
 	fmt.Printf("\ndeliveries: %d processed, %d duplicates skipped by the inbox\n", st.Consumed-before.Consumed, st.Duplicates-before.Duplicates)
 	fmt.Printf("email-notifications sent %d notification(s):\n", len(ns))
 	for _, n := range ns {

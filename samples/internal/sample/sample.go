@@ -25,14 +25,8 @@ import (
 
 	"github.com/barewire-go/barewire/bus"
 	"github.com/barewire-go/barewire/endpoint"
-	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/outbox"
 	"github.com/barewire-go/barewire/transport/inproc"
-	"github.com/barewire-go/barewire/transport/pgtransport"
-	"github.com/barewire-go/barewire/transport/rabbitmq"
-	"github.com/barewire-go/barewire/transport/wmpubsub/wmamqp"
-	"github.com/barewire-go/barewire/transport/wmpubsub/wmnats"
-	"github.com/barewire-go/barewire/transport/wmpubsub/wmredis"
 )
 
 // Transports that -transport selects.
@@ -93,8 +87,21 @@ func envOr(k, def string) string {
 }
 
 // Kind returns the selected transport, one of Transports, or an error that
-// says why the selection cannot work.
+// says why the selection cannot work (including a selection this build
+// left out: see Options).
 func (f Flags) Kind() (string, error) {
+	kind, err := f.kind()
+	if err == nil && services == nil && (kind != TransportEmbedded || f.PostgresDSN != "") {
+		what := "-transport " + kind
+		if kind == TransportEmbedded {
+			what = "-postgres-dsn"
+		}
+		err = fmt.Errorf("%s: this binary was built with -tags embedded (the in-process transport and SQLite only); build it without the tag to use %s", what, what)
+	}
+	return kind, err
+}
+
+func (f Flags) kind() (string, error) {
 	name := strings.ToLower(strings.TrimSpace(f.TransportName))
 	switch name {
 	case "":
@@ -147,8 +154,10 @@ func (f Flags) Kind() (string, error) {
 //     -nats-url, -redis-addr, -amqp-url; the inbox and outbox as for
 //     embedded.
 //
-// It links every transport, since the flag picks one at run time; a
-// program that knows its transport imports only that one's package.
+// A normal build links every transport, since the flag picks one at run
+// time. Built with -tags embedded, a sample links only the in-process
+// transport and SQLite (a first build compiles about half as much), and
+// any other selection is refused with an error that says how to build it.
 func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox.Options)) ([]bus.Option, error) {
 	kind, err := f.Kind()
 	if err != nil {
@@ -158,36 +167,20 @@ func (f Flags) Options(declare func(*endpoint.Endpoints), configure func(*outbox
 	if configure != nil {
 		opts = append(opts, bus.WithOutbox(configure))
 	}
-	if kind == TransportPostgres {
-		db, err := postgresdb.Open(f.PostgresDSN)
-		if err != nil {
-			return nil, err
-		}
-		// No WithDatabase: the inbox and outbox live in the transport's
-		// database, so PublishTx writes straight to the queue.
-		return append(opts, bus.WithTransport(pgtransport.New(db, func(c *pgtransport.Config) { declare(&c.Endpoints) }))), nil
+	if kind == TransportEmbedded && f.PostgresDSN == "" {
+		return append(opts, bus.WithTransport(inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) }))), nil
 	}
-	switch kind {
-	case TransportRabbitMQ:
-		opts = append(opts, bus.WithTransport(rabbitmq.New(f.AMQPURL, func(c *rabbitmq.Config) { declare(&c.Endpoints) })))
-	case TransportWMAMQP:
-		opts = append(opts, bus.WithTransport(wmamqp.New(f.AMQPURL, func(c *wmamqp.Config) { declare(&c.Endpoints) })))
-	case TransportNATS:
-		opts = append(opts, bus.WithTransport(wmnats.New(f.NATSURL, func(c *wmnats.Config) { declare(&c.Endpoints) })))
-	case TransportRedis:
-		opts = append(opts, bus.WithTransport(wmredis.New(f.RedisAddr, func(c *wmredis.Config) { declare(&c.Endpoints) })))
-	default:
-		opts = append(opts, bus.WithTransport(inproc.New(func(c *inproc.Config) { declare(&c.Endpoints) })))
+	more, err := services(f, kind, declare)
+	if err != nil {
+		return nil, err
 	}
-	if f.PostgresDSN != "" {
-		db, err := postgresdb.Open(f.PostgresDSN)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, bus.WithDatabase(db))
-	}
-	return opts, nil
+	return append(opts, more...), nil
 }
+
+// services returns the options of every selection but the embedded
+// default: the transport, and the PostgreSQL database when -postgres-dsn
+// is given. Nil in a build with -tags embedded (services.go).
+var services func(f Flags, kind string, declare func(*endpoint.Endpoints)) ([]bus.Option, error)
 
 // NewBus builds the sample's bus: Options, then extra options after them.
 func (f Flags) NewBus(declare func(*endpoint.Endpoints), configure func(*outbox.Options), extra ...bus.Option) (*bus.Bus, error) {
