@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/barewire-go/barewire/internal/xactwatch"
 )
 
@@ -40,3 +42,18 @@ func (s *Store) SetServerVersionNum(num int) {
 // ClaimHeldSQL is ClaimBatch's claim statement (PostgreSQL; $1 the hold in
 // milliseconds as text, $2 the limit).
 func (o *Outbox) ClaimHeldSQL() string { return o.claimHeldSQL }
+
+// SetMigrateTurnTimeout changes how long Migrate waits for another
+// migrator of its prefix (a PostgreSQL interval, "1s"); it returns a
+// function that restores the default.
+func SetMigrateTurnTimeout(d string) (restore func()) {
+	old := migrateTurnTimeout
+	migrateTurnTimeout = d
+	return func() { migrateTurnTimeout = old }
+}
+
+// HoldMigrateTurn takes, in tx, the advisory lock migrators of prefix
+// take turns on.
+func HoldMigrateTurn(tx *gorm.DB, prefix string) error {
+	return tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:migrate:"+prefix)).Error
+}

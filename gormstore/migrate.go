@@ -2,6 +2,7 @@ package gormstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -81,16 +82,40 @@ var (
 // lock; waiting DDL holds up every later writer of that table.
 const migrateLockTimeout = "5s"
 
+// migrateTurnTimeout bounds the wait for another migrator of the same
+// prefix (a variable for tests).
+var migrateTurnTimeout = "30s"
+
+// turnError is a migration that waited migrateTurnTimeout for another
+// migrator of its prefix: not retried, since that one may hold its turn
+// much longer (a frozen process keeps its transaction open).
+type turnError struct {
+	prefix string
+	err    error
+}
+
+func (e *turnError) Error() string {
+	return fmt.Sprintf("another process has held the migration lock of table prefix %q for over %s (a migration running in a frozen or slow process?): %v", e.prefix, migrateTurnTimeout, e.err)
+}
+
+func (e *turnError) Unwrap() error { return e.err }
+
 func (s *Store) migrateOnce(ctx context.Context, stmts, objects []string, provable bool) error {
 	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if s.dialect.name == DialectPostgres {
 			// CREATE ... IF NOT EXISTS is not safe against a concurrent
 			// CREATE (both may pass the check, one then fails on the catalog's
 			// unique index), so concurrent migrators take turns. The lock is
-			// per prefix and released at commit; it is taken before the
-			// lock_timeout applies, so waiting for another migrator is not
-			// bounded by it.
+			// per prefix and released at commit. The wait for it is bounded
+			// by migrateTurnTimeout: a migrator frozen or stuck holding it
+			// fails this one with a clear error instead of hanging Start.
+			if err := tx.Exec("SELECT set_config('lock_timeout', ?, true)", migrateTurnTimeout).Error; err != nil {
+				return err
+			}
 			if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:migrate:"+s.prefix)).Error; err != nil {
+				if pgerr.SQLState(err) == "55P03" {
+					return &turnError{prefix: s.prefix, err: err}
+				}
 				return err
 			}
 			// The migrator before us may have done the work.
@@ -127,6 +152,10 @@ func (s *Store) migrateOnce(ctx context.Context, stmts, objects []string, provab
 // retryableMigrateError reports whether PostgreSQL aborted the migration for
 // a reason that a second attempt may not meet.
 func retryableMigrateError(err error) bool {
+	var te *turnError
+	if errors.As(err, &te) {
+		return false
+	}
 	switch pgerr.SQLState(err) {
 	case "40P01", // deadlock_detected
 		"40001", // serialization_failure

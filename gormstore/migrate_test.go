@@ -255,3 +255,60 @@ func TestMigrateRetriesDeadlock(t *testing.T) {
 		t.Fatalf("Migrate took the migration lock %d times; want a retry after the deadlock", attempts)
 	}
 }
+
+// TestMigrateWaitsForAnotherMigratorWithABound: a migrator of the same
+// prefix that holds its turn (a process frozen mid-migration keeps its
+// transaction and the advisory lock) fails Migrate after the turn timeout
+// with an error that says so, instead of hanging a Start whose context
+// has no deadline; once the turn is free Migrate succeeds.
+func TestMigrateWaitsForAnotherMigratorWithABound(t *testing.T) {
+	db := postgresBackend(t).db
+	prefix := randomPrefix(t)
+	t.Cleanup(func() { dropTables(t, db, prefix) })
+	defer gormstore.SetMigrateTurnTimeout("1s")()
+	s, err := gormstore.New(db, gormstore.WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holding := make(chan error, 1)
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- db.Transaction(func(tx *gorm.DB) error {
+			err := gormstore.HoldMigrateTurn(tx, prefix)
+			holding <- err
+			if err != nil {
+				return err
+			}
+			<-release
+			return nil
+		})
+	}()
+	if err := <-holding; err != nil {
+		close(release)
+		t.Fatal(err)
+	}
+	// A deadline far beyond the turn timeout: without the bound, Migrate
+	// would wait for it and fail with it.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = s.Migrate(ctx)
+	took := time.Since(start)
+	close(release)
+	if err == nil {
+		t.Fatal("Migrate succeeded while another migrator held the turn")
+	}
+	if !strings.Contains(err.Error(), "held the migration lock of table prefix") {
+		t.Errorf("the error does not say another migrator holds the turn: %v", err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("Migrate took %v with a turn timeout of 1s", took)
+	}
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate once the turn is free: %v", err)
+	}
+}

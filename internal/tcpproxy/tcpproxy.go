@@ -23,9 +23,10 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
-	down   bool          // refuse new connections
-	thawed chan struct{} // closed while bytes flow; open while frozen
-	wg     sync.WaitGroup
+	down      bool          // refuse new connections
+	thawed    chan struct{} // closed while bytes flow; open while frozen
+	unblocked chan struct{} // closed while clients' bytes flow; open while blocked
+	wg        sync.WaitGroup
 }
 
 // New listens on a free port of 127.0.0.1 and forwards to target
@@ -35,8 +36,9 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, thawed: make(chan struct{})}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, thawed: make(chan struct{}), unblocked: make(chan struct{})}
 	close(p.thawed)
+	close(p.unblocked)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -95,12 +97,14 @@ func (p *Proxy) accept() {
 		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
 		p.wg.Add(2)
 		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, false)
+		go p.pipe(up, c, true)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; upstream is the client-to-server direction,
+// which Block holds.
+func (p *Proxy) pipe(dst, src net.Conn, upstream bool) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
@@ -109,9 +113,12 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			// Frozen: hold what was read until Thaw (or the connection
 			// is cut, which ends the write below).
 			p.mu.Lock()
-			thawed := p.thawed
+			thawed, unblocked := p.thawed, p.unblocked
 			p.mu.Unlock()
 			<-thawed
+			if upstream {
+				<-unblocked
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
@@ -188,10 +195,38 @@ func (p *Proxy) Thaw() {
 	}
 }
 
+// Block holds every byte clients send until Unblock, while the server's
+// bytes still reach them: a RabbitMQ broker in a resource alarm stops
+// reading from a publishing connection but keeps sending it heartbeats,
+// so the client's writes block once the buffers fill and nothing times
+// out on its side.
+func (p *Proxy) Block() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.unblocked:
+		p.unblocked = make(chan struct{})
+	default: // blocked already
+	}
+}
+
+// Unblock forwards again what Block held, and everything after it.
+func (p *Proxy) Unblock() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.unblocked:
+	default:
+		close(p.unblocked)
+	}
+}
+
 // Close stops accepting, cuts every connection and waits for the
-// proxy's goroutines (a frozen proxy thaws first, so that they end).
+// proxy's goroutines (a frozen or blocked proxy thaws first, so that they
+// end).
 func (p *Proxy) Close() {
 	p.Thaw()
+	p.Unblock()
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()

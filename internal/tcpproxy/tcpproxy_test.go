@@ -161,3 +161,77 @@ func echoServer(t *testing.T) string {
 	}()
 	return ln.Addr().String()
 }
+
+// TestBlock: while blocked the server receives nothing from the client but
+// its own bytes still reach the client (a broker in a resource alarm
+// sending heartbeats); Unblock delivers what was held.
+func TestBlock(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 4)
+	say := make(chan string)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		go func() {
+			for s := range say {
+				_, _ = c.Write([]byte(s))
+			}
+		}()
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			got <- l
+		}
+	}()
+	defer close(say)
+	p, err := tcpproxy.New(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-got; l != "one\n" {
+		t.Fatalf("before Block the server got %q", l)
+	}
+	p.Block()
+	if _, err := c.Write([]byte("two\n")); err != nil {
+		t.Fatal(err)
+	}
+	say <- "beat\n"
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if l, err := r.ReadString('\n'); err != nil || l != "beat\n" {
+		t.Fatalf("the server's bytes while blocked: %q, %v", l, err)
+	}
+	select {
+	case l := <-got:
+		t.Fatalf("the server got %q through a blocked proxy", l)
+	case <-time.After(300 * time.Millisecond):
+	}
+	p.Unblock()
+	select {
+	case l := <-got:
+		if l != "two\n" {
+			t.Fatalf("after Unblock the server got %q; want the held line", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("after Unblock the server did not get the held line")
+	}
+}

@@ -31,3 +31,18 @@ func (t *Transport) SetServerVersionNum(num int) { t.versionNum = num }
 // SetDeliverTimeout overrides the bound of one Deliver (half of RelayLease,
 // at most 30s). Call it before Start.
 func (t *Transport) SetDeliverTimeout(d time.Duration) { t.deliverTimeout = d }
+
+// SetMigrateTurnTimeout changes how long Start waits for another process
+// migrating the same tables (a PostgreSQL interval, "1s"); it returns a
+// function that restores the default.
+func SetMigrateTurnTimeout(d string) (restore func()) {
+	old := migrateTurnTimeout
+	migrateTurnTimeout = d
+	return func() { migrateTurnTimeout = old }
+}
+
+// HoldMigrateTurn takes, in tx, the advisory lock that processes migrating
+// the tables of prefix take turns on.
+func HoldMigrateTurn(tx *gorm.DB, prefix string) error {
+	return tx.Exec("SELECT pg_advisory_xact_lock(?)", advisoryKey("barewire:pgtransport:"+namesFor(prefix).messages)).Error
+}

@@ -374,6 +374,10 @@ func (t *Transport) DeleteReplyQueue(ctx context.Context, name string) error {
 	return nil
 }
 
+// migrateTurnTimeout bounds the wait for another process migrating the
+// same tables (a variable for tests).
+var migrateTurnTimeout = "30s"
+
 // migrate creates the tables and indexes that do not exist yet. When they
 // all exist (every start but the first) it runs no DDL at all: even CREATE
 // INDEX IF NOT EXISTS takes a SHARE lock on the table before it finds the
@@ -386,8 +390,24 @@ func (t *Transport) migrate(ctx context.Context, tx *sql.Tx) error {
 		return err
 	}
 	// CREATE ... IF NOT EXISTS races with a concurrent CREATE, so
-	// processes starting together take turns (per prefix).
+	// processes starting together take turns (per prefix). The wait for
+	// the turn is bounded by migrateTurnTimeout: a process frozen while it
+	// holds the turn fails this Start with a clear error instead of
+	// hanging it.
+	var lockTimeout string
+	if err := tx.QueryRowContext(ctx, "SELECT current_setting('lock_timeout')").Scan(&lockTimeout); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", migrateTurnTimeout); err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryKey("barewire:pgtransport:"+t.n.messages)); err != nil {
+		if pgerr.SQLState(err) == "55P03" {
+			return fmt.Errorf("another process has held the migration lock of tables %s* for over %s (a migration running in a frozen or slow process?): %w", t.n.prefix, migrateTurnTimeout, err)
+		}
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeout); err != nil {
 		return err
 	}
 	for _, stmt := range migrationStatements(t.n) {

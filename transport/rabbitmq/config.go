@@ -58,9 +58,14 @@ type Config struct {
 	// MaxPendingPublishes caps publishes awaiting a broker confirm; further
 	// publishes wait. Defaults to 1000.
 	MaxPendingPublishes int
-	// PublishTimeout bounds the wait for a publish confirm. The outbox's
-	// RelayLease must be at least twice it. Defaults to 30s, or half of
-	// RelayLease when that is shorter.
+	// PublishTimeout bounds the wait for a publish confirm. It also bounds
+	// each socket write on the connection and each synchronous call of the
+	// publish path and of declarations (a channel open or close, enabling
+	// confirms, a declare): a broker that leaves one unanswered that long,
+	// as one in a resource alarm does, has the connection closed under it
+	// and the transport reconnects. The outbox's RelayLease must be at
+	// least twice it. Defaults to 30s, or half of RelayLease when that is
+	// shorter.
 	PublishTimeout time.Duration
 	// Mandatory makes publishes that no queue receives fail with an error
 	// instead of vanishing. Defaults to false for Publish (a message type

@@ -33,6 +33,7 @@ import (
 // publish's confirmation is settled its return, if any, has been received
 // by run; sync waits until run has recorded it.
 type publisher struct {
+	conn    *amqp.Connection // the connection ch is on
 	t       *Transport
 	ch      *amqp.Channel
 	mu      sync.Mutex    // serializes publishing on ch
@@ -73,32 +74,70 @@ type pending struct {
 type destination struct{ exchange, key string }
 
 // getPublisher returns the current publisher channel, opening one when
-// needed. It never waits for a reconnect. The caller hands it back with
-// releasePublisher.
-func (t *Transport) getPublisher() (*publisher, error) {
-	t.pubMu.Lock()
-	defer t.pubMu.Unlock()
-	if t.pubClosed {
-		return nil, fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
-	}
-	if p := t.pub; p != nil && !p.retired {
-		select {
-		case <-p.done:
-		default:
-			if !p.ch.IsClosed() {
-				p.users++
-				return p, nil
+// needed. It never waits for a reconnect, nor for a channel open longer
+// than ctx allows: the open runs once for every caller waiting for it,
+// outside pubMu, bounded as a call (bounded). The caller hands it back
+// with releasePublisher.
+func (t *Transport) getPublisher(ctx context.Context) (*publisher, error) {
+	for {
+		t.pubMu.Lock()
+		if t.pubClosed {
+			t.pubMu.Unlock()
+			return nil, fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
+		}
+		if p := t.pub; p != nil && !p.retired {
+			select {
+			case <-p.done:
+			default:
+				if !p.ch.IsClosed() {
+					p.users++
+					t.pubMu.Unlock()
+					return p, nil
+				}
 			}
 		}
+		t.pub = nil
+		op := t.pubOpening
+		if op == nil {
+			op = &pubOpen{done: make(chan struct{})}
+			t.pubOpening = op
+			go t.openShared(op)
+		}
+		t.pubMu.Unlock()
+		select {
+		case <-op.done:
+			if op.err != nil {
+				return nil, op.err
+			}
+			// The new publisher is t.pub unless it went already: look again.
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: rabbitmq: waiting for a publish channel: %w", outbox.ErrTransportUnavailable, ctx.Err())
+		}
 	}
-	t.pub = nil
+}
+
+// pubOpen is an open of the shared publisher in progress.
+type pubOpen struct {
+	done chan struct{}
+	err  error
+}
+
+// openShared opens the shared publisher for getPublisher's callers.
+func (t *Transport) openShared(op *pubOpen) {
 	p, err := t.openPublisher()
-	if err != nil {
-		return nil, err
+	t.pubMu.Lock()
+	t.pubOpening = nil
+	switch {
+	case err != nil:
+		op.err = err
+	case t.pubClosed:
+		op.err = fmt.Errorf("%w: %w", outbox.ErrTransportUnavailable, errClosed)
+		t.closeChannel(p.conn, p.ch)
+	default:
+		t.pub = p
 	}
-	p.users++
-	t.pub = p
-	return p, nil
+	close(op.done)
+	t.pubMu.Unlock()
 }
 
 // releasePublisher hands back a publisher from getPublisher. One on which
@@ -139,7 +178,7 @@ func (t *Transport) releasePublisher(p *publisher) {
 	closeIt := p.retired && p.users == 0
 	t.pubMu.Unlock()
 	if closeIt {
-		_ = p.ch.Close()
+		t.closeChannel(p.conn, p.ch)
 	}
 }
 
@@ -150,16 +189,21 @@ func (t *Transport) openPublisher() (*publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	ch, err := conn.Channel()
+	var ch *amqp.Channel
+	err = t.bounded(conn, "open publish channel", func() (err error) {
+		ch, err = conn.Channel()
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", outbox.ErrTransportUnavailable, t.secret.scrubErr(err))
 	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
+	if err := t.bounded(conn, "enable publisher confirms", func() error { return ch.Confirm(false) }); err != nil {
+		t.closeChannel(conn, ch)
 		return nil, fmt.Errorf("%w: rabbitmq: enable publisher confirms: %w", outbox.ErrTransportUnavailable, t.secret.scrubErr(err))
 	}
 	p := &publisher{
 		t:       t,
+		conn:    conn,
 		ch:      ch,
 		sem:     make(chan struct{}, t.cfg.MaxPendingPublishes),
 		barrier: make(chan chan struct{}),
@@ -462,7 +506,9 @@ func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, man
 	if reason := t.blocked.Load(); reason != nil {
 		return failAll(fmt.Errorf("%w: rabbitmq: broker blocks publishing: %s", outbox.ErrTransportUnavailable, *reason))
 	}
-	p, err := t.getPublisher()
+	gctx, gcancel := context.WithTimeout(ctx, t.cfg.PublishTimeout)
+	p, err := t.getPublisher(gctx)
+	gcancel()
 	if err != nil {
 		return failAll(err)
 	}
@@ -524,7 +570,7 @@ func (t *Transport) deliverOnce(ctx context.Context, msgs []*outbox.Message, man
 		// nacked again is charged to its row, which the relay retries
 		// after its own delay.
 		t.releasePublisher(p)
-		if p, err = t.getPublisher(); err != nil {
+		if p, err = t.getPublisher(wctx); err != nil {
 			p = nil // nothing to release; the nack errors stand
 		} else {
 			for _, j := range nacked {
@@ -804,7 +850,7 @@ func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
 	var p *publisher
 	defer func() {
 		if p != nil {
-			_ = p.ch.Close()
+			t.closeChannel(p.conn, p.ch)
 		}
 	}()
 	for _, j := range jobs {
@@ -813,7 +859,7 @@ func (t *Transport) isolate(ctx context.Context, jobs []*job, errs []error) {
 			continue
 		}
 		if p != nil && p.isDead() {
-			_ = p.ch.Close()
+			t.closeChannel(p.conn, p.ch)
 			p = nil
 		}
 		if j.exchange != "" {

@@ -73,10 +73,11 @@ type Transport struct {
 	exMu      sync.Mutex
 	exchanges map[string]bool // exchanges known to exist on the current connection
 
-	pubMu     sync.Mutex
-	pub       *publisher
-	pubClosed bool
-	pubWG     sync.WaitGroup // publisher confirm handlers
+	pubMu      sync.Mutex
+	pub        *publisher
+	pubOpening *pubOpen // an open of pub in progress (getPublisher)
+	pubClosed  bool
+	pubWG      sync.WaitGroup // publisher confirm handlers
 }
 
 // New returns the RabbitMQ transport for url (amqp:// or amqps://, with
@@ -487,10 +488,11 @@ func (t *Transport) dial(ctx context.Context, i int) (*amqp.Connection, connNote
 		Properties: props,
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Deadline: deadline}
-			conn, err := d.DialContext(ctx, network, addr)
+			raw, err := d.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
+			conn := &writeBounded{Conn: raw, timeout: t.writeTimeout()} // bound.go
 			// Bounds the TLS and AMQP handshakes; amqp091 clears it after.
 			if err := conn.SetDeadline(deadline); err != nil {
 				_ = conn.Close()
@@ -735,16 +737,31 @@ func (t *Transport) Close() error {
 	t.closed = true
 	t.mu.Unlock()
 	t.cancel()
-	t.wg.Wait() // subscriptions (which nack in-flight messages) and supervisor
+	// Subscriptions (which nack in-flight messages) and the supervisor.
+	// A broker that stopped reading the connection leaves them waiting
+	// on it: after closeTimeout the connection is closed under them.
+	ended := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(closeTimeout):
+		t.mu.Lock()
+		conn := t.conn
+		t.mu.Unlock()
+		if conn != nil {
+			t.log.Warn("rabbitmq subscriptions did not end in time: closing the connection under them", slog.Duration("waited", closeTimeout))
+			abandon(conn)
+		}
+		<-ended
+	}
 
 	t.pubMu.Lock()
 	t.pubClosed = true
-	p := t.pub
-	t.pub = nil
+	t.pub = nil // its channel closes with the connection
 	t.pubMu.Unlock()
-	if p != nil {
-		_ = p.ch.Close()
-	}
 
 	t.mu.Lock()
 	conn := t.conn
@@ -752,7 +769,8 @@ func (t *Transport) Close() error {
 	t.mu.Unlock()
 	var err error
 	if conn != nil && !conn.IsClosed() {
-		if cerr := conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
+		// Bounded: a broker that stopped reading never sends close-ok.
+		if cerr := conn.CloseDeadline(time.Now().Add(closeTimeout)); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) && !isTimeout(cerr) {
 			err = t.secret.scrubErr(cerr)
 		}
 	}

@@ -25,7 +25,11 @@ func (d *declarer) channel() (*amqp.Channel, error) {
 	if d.ch != nil && !d.ch.IsClosed() {
 		return d.ch, nil
 	}
-	ch, err := d.conn.Channel()
+	var ch *amqp.Channel
+	err := d.t.bounded(d.conn, "open channel", func() (err error) {
+		ch, err = d.conn.Channel()
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: rabbitmq: open channel: %w", outbox.ErrTransportUnavailable, d.t.secret.scrubErr(err))
 	}
@@ -46,9 +50,9 @@ func (d *declarer) do(what string, f func(ch *amqp.Channel) error) bool {
 		d.errs = append(d.errs, fmt.Errorf("rabbitmq: declare %s: %w", what, err))
 		return false
 	}
-	if err := f(ch); err != nil {
+	if err := d.t.bounded(d.conn, "declare "+what, func() error { return f(ch) }); err != nil {
 		d.errs = append(d.errs, fmt.Errorf("rabbitmq: declare %s: %w", what, d.t.secret.scrubErr(err)))
-		_ = ch.Close()
+		d.t.closeChannel(d.conn, ch)
 		d.ch = nil
 		return false
 	}
@@ -57,7 +61,7 @@ func (d *declarer) do(what string, f func(ch *amqp.Channel) error) bool {
 
 func (d *declarer) close() {
 	if d.ch != nil {
-		_ = d.ch.Close()
+		d.t.closeChannel(d.conn, d.ch)
 		d.ch = nil
 	}
 }
@@ -87,7 +91,9 @@ func (d *declarer) ensureExchange(name string) {
 		d.errs = append(d.errs, fmt.Errorf("rabbitmq: declare exchange %q: %w", name, err))
 		return
 	}
-	if err := ch.ExchangeDeclarePassive(name, string(FanoutExchange), true, false, false, false, nil); err == nil {
+	if err := d.t.bounded(d.conn, fmt.Sprintf("declare exchange %q (passive)", name), func() error {
+		return ch.ExchangeDeclarePassive(name, string(FanoutExchange), true, false, false, false, nil)
+	}); err == nil {
 		d.t.rememberExchange(name)
 		return
 	}
