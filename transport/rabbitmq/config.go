@@ -59,9 +59,9 @@ type Config struct {
 	// publishes wait. Defaults to 1000.
 	MaxPendingPublishes int
 	// PublishTimeout bounds the wait for a publish confirm. It also bounds
-	// each socket write on the connection and each synchronous call of the
-	// publish path and of declarations (a channel open or close, enabling
-	// confirms, a declare): a broker that leaves one unanswered that long,
+	// each socket write on the connection and each synchronous call on it
+	// (a channel's open or close, enabling confirms, Qos, Consume, a
+	// declare): a broker that leaves one unanswered that long,
 	// as one in a resource alarm does, has the connection closed under it
 	// and the transport reconnects. The outbox's RelayLease must be at
 	// least twice it. Defaults to 30s, or half of RelayLease when that is

@@ -258,7 +258,7 @@ func (t *Transport) DropConnection() error {
 	if c == nil || c.IsClosed() {
 		return fmt.Errorf("rabbitmq: DropConnection: not connected (last node %s)", t.URL())
 	}
-	return c.Close()
+	return c.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
 // URL returns the URL of the broker node the transport is connected to
@@ -351,13 +351,13 @@ func (t *Transport) Start(ctx context.Context, endpoints []*endpoint.Endpoint) e
 		return fail(err)
 	}
 	if err := t.declareTopology(conn); err != nil {
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return fail(err)
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return errClosed
 	}
 	t.setUpLocked(conn)
@@ -650,7 +650,7 @@ func (t *Transport) reconnect() (*amqp.Connection, connNotes) {
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
-			_ = conn.Close()
+			_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 			return nil, connNotes{}
 		}
 		t.setUpLocked(conn)

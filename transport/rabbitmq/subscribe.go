@@ -54,12 +54,18 @@ func (t *Transport) DeleteReplyQueue(_ context.Context, name string) error {
 	if err != nil {
 		return nil // gone with the connection
 	}
-	ch, err := conn.Channel()
-	if err != nil {
+	var ch *amqp.Channel
+	if err := t.bounded(conn, "open channel", func() (err error) {
+		ch, err = conn.Channel()
+		return err
+	}); err != nil {
 		return fmt.Errorf("rabbitmq: delete reply queue %q: open channel: %w", name, t.secret.scrubErr(err))
 	}
-	defer func() { _ = ch.Close() }()
-	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+	defer t.closeChannel(conn, ch)
+	if err := t.bounded(conn, "delete reply queue", func() error {
+		_, err := ch.QueueDelete(name, false, false, false)
+		return err
+	}); err != nil {
 		return fmt.Errorf("rabbitmq: delete reply queue %q: %w", name, t.secret.scrubErr(err))
 	}
 	return nil
@@ -254,16 +260,24 @@ func (qc *queueConsumer) run(ctx context.Context) {
 // the channel or consumer ends (an error), handing each delivery to a free
 // handler.
 func (qc *queueConsumer) consume(ctx context.Context, conn *amqp.Connection, started func()) error {
-	ch, err := conn.Channel()
-	if err != nil {
+	// Each call bounded (bound.go): a broker that stops reading the
+	// connection has it closed under the call.
+	var ch *amqp.Channel
+	if err := qc.t.bounded(conn, "open consumer channel", func() (err error) {
+		ch, err = conn.Channel()
+		return err
+	}); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer func() { _ = ch.Close() }()
-	if err := ch.Qos(qc.prefetch, 0, false); err != nil {
+	defer func() { _ = qc.t.bounded(conn, "close consumer channel", ch.Close) }()
+	if err := qc.t.bounded(conn, "set prefetch", func() error { return ch.Qos(qc.prefetch, 0, false) }); err != nil {
 		return fmt.Errorf("set prefetch %d: %w", qc.prefetch, err)
 	}
-	deliveries, err := ch.Consume(qc.queue, "", false, false, false, false, nil)
-	if err != nil {
+	var deliveries <-chan amqp.Delivery
+	if err := qc.t.bounded(conn, "consume", func() (err error) {
+		deliveries, err = ch.Consume(qc.queue, "", false, false, false, false, nil)
+		return err
+	}); err != nil {
 		return fmt.Errorf("consume queue %q: %w", qc.queue, err)
 	}
 	started()
