@@ -442,6 +442,10 @@ func (b *Bus) Transport() transport.Transport { return b.tr }
 // and the stop timeout), gives the relay a last pass over committed outbox
 // rows, and closes connections. Messages not finished in time are not
 // acknowledged: the broker redelivers them and the inbox absorbs any repeat.
+// When ctx has no deadline, the stop timeout (WithStopTimeout, 30s) is the
+// deadline of the whole Stop; at the deadline the transport's close cancels
+// the contexts of handlers still running, and Stop returns within about a
+// second more (a handler that ignores its context keeps its goroutine).
 //
 // While Stop drains, handlers may still call the bus: Publish and Send
 // reach the transport, a new Request fails at once with ErrStopping. A
@@ -477,6 +481,17 @@ func (b *Bus) Stop(ctx context.Context) error {
 		b.state.Store(stateStopped)
 		close(b.stopped)
 	}()
+	if _, ok := ctx.Deadline(); !ok {
+		// Without a deadline, the stop timeout bounds the whole Stop, not
+		// only the router's close: what follows (the last relay pass, the
+		// wait for the router) could otherwise wait for ever on a handler
+		// that ignores its context and holds what they need (SQLite's one
+		// connection), since its context is canceled only when the
+		// transport closes, at the end.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.cfg.stopTimeout)
+		defer cancel()
+	}
 	b.stopTelemetry()
 	var errs []error
 	b.gate.close() // waits for the database or a transport end; consumers drain

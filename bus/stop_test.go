@@ -252,3 +252,50 @@ func TestStopWhileStartIsBlocked(t *testing.T) {
 		t.Error("Start against a broker nobody listens for succeeded")
 	}
 }
+
+// TestStopWithoutDeadlineIsBoundedByTheStopTimeout (issue 33): Stop with a
+// context without deadline, on the embedded default, while a handler
+// ignores its context. The router's close gives up at WithStopTimeout; the
+// last relay pass then waited for SQLite's one connection, which the
+// handler's transaction held, and the handler's context was canceled only
+// after that pass: Stop never returned. Now the stop timeout bounds the
+// whole Stop when ctx has no deadline.
+func TestStopWithoutDeadlineIsBoundedByTheStopTimeout(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	defer close(release)
+	b, err := bus.New(quiet(), bus.WithStopTimeout(time.Second), inprocEndpoint("stuck", func(e *endpoint.Endpoint) {
+		e.Retry = endpoint.NoRetry()
+		endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[ping]) error {
+			close(entered)
+			<-release // ignores its context
+			return nil
+		})
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, ping{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	stopped := make(chan error, 1)
+	began := time.Now()
+	go func() { stopped <- b.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		if took := time.Since(began); took > 6*time.Second {
+			t.Errorf("Stop took %v with a stop timeout of 1s", took)
+		}
+		if err == nil {
+			t.Error("Stop returned nil although it abandoned a delivery in flight")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop(context.Background()) did not return within 20s with a stop timeout of 1s: a handler that ignores its context holds it")
+	}
+}
