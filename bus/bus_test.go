@@ -726,3 +726,47 @@ func TestHandlerTimeoutStillDeadLetters(t *testing.T) {
 		t.Fatalf("an endpoint with HandlerTimeout must still dead-letter; stats %+v", b.Stats())
 	}
 }
+
+// TestHandlerTimeoutOverrunIsTheHandlersFailure (issue 32, defect 2): a
+// handler that ignores its context, overruns HandlerTimeout and returns
+// nil made the inbox's processed mark fail with the deadline, which was
+// read as a database outage (context.DeadlineExceeded is a net.Error):
+// consumption paused, the attempt was not counted and the consumer ran
+// again and again. The overrun is the handler's failure: counted, retried
+// per the policy, dead-lettered, no outage.
+func TestHandlerTimeoutOverrunIsTheHandlersFailure(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	dead := make(chan *endpoint.Delivery, 1)
+	b := start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint("overruns", func(e *endpoint.Endpoint) {
+			e.HandlerTimeout = 200 * time.Millisecond
+			e.Retry = endpoint.Immediate(2)
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				calls.Add(1)
+				time.Sleep(400 * time.Millisecond) // ignores its context
+				return nil
+			})
+		})
+		c.ReceiveEndpoint("overruns_error", func(e *endpoint.Endpoint) {
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error { dead <- d; return nil })
+		})
+	}))
+	if err := b.Publish(context.Background(), PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-dead:
+		if reason := d.Headers[bus.HeaderFaultReason]; !strings.Contains(reason, "HandlerTimeout") {
+			t.Errorf("dead-letter reason %q does not name the handler's timeout", reason)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("not dead-lettered within 20s: the consumer ran %d times; stats %+v", calls.Load(), b.Stats())
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("the consumer ran %d times; want 3 (1 + 2 retries)", n)
+	}
+	if n := bus.OutagesForTest(b); n != 0 {
+		t.Errorf("%d database outages for a handler's overrun; want 0", n)
+	}
+}

@@ -329,6 +329,25 @@ func maxTries(p endpoint.RetryPolicy) int {
 	return p.Retries + 1
 }
 
+// ErrHandlerTimeout is the failure of a consumer that returned after its
+// endpoint's HandlerTimeout: nothing it did commits, and the attempt counts
+// as failed (retried per the endpoint's policy, then dead-lettered with
+// this reason), whatever the consumer returned.
+var ErrHandlerTimeout = errors.New("consumer returned after the endpoint's HandlerTimeout")
+
+// overran reports whether the attempt's own deadline (HandlerTimeout)
+// passed while the delivery's context is still live.
+func overran(delivery, attempt context.Context) bool {
+	return delivery.Err() == nil && errors.Is(attempt.Err(), context.DeadlineExceeded)
+}
+
+func handlerTimeout(d time.Duration, err error) error {
+	if err == nil {
+		return fmt.Errorf("%w (%v): it returned nil, too late; nothing it did was committed", ErrHandlerTimeout, d)
+	}
+	return fmt.Errorf("%w (%v): %w", ErrHandlerTimeout, d, err)
+}
+
 // attempt runs the consumers once, in a transaction, behind the inbox. On
 // success it says whether they ran and committed (OutcomeCommitted) or the
 // inbox skipped the message (OutcomeDuplicate).
@@ -358,7 +377,14 @@ func (b *Bus) attempt(ctx context.Context, ep *endpoint.Endpoint, disp *dispatch
 		txCtx = context.WithValue(txCtx, stateKey{}, state)
 		state.ran.Store(true)
 		for _, r := range regs {
-			if err := callConsumer(txCtx, r, d); err != nil {
+			err := callConsumer(txCtx, r, d)
+			if overran(ctx, txCtx) {
+				// The consumer returned after its HandlerTimeout: its
+				// failure, whatever it returned, and not the database's
+				// (the processed mark would fail with the deadline).
+				return handlerTimeout(ep.HandlerTimeout, err)
+			}
+			if err != nil {
 				return err
 			}
 		}

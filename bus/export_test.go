@@ -60,3 +60,10 @@ func HandleForTest(b *Bus, name string, msg *message.Message) error {
 func SetBatchHooksForTest(b *Bus, batch func(endpoint string, ids []string), submitted func(id string)) {
 	b.batchHook, b.submitHook = batch, submitted
 }
+
+// OutagesForTest reports how many times the bus paused consumption for a
+// database outage.
+func OutagesForTest(b *Bus) int64 {
+	_, _, n := b.gate.state()
+	return n
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,12 @@ var (
 	// ErrUnexpectedResponse is wrapped by the error of a response whose
 	// message type is not the one Request was asked to decode.
 	ErrUnexpectedResponse = errors.New("bus: unexpected response type")
+	// ErrRequestInTransaction is returned at once by a Request made inside
+	// a transaction (a consumer's, or Transaction's) on SQLite to an
+	// endpoint of the same bus: the transaction holds SQLite's one
+	// connection, which the responding consumer needs for its inbox, so
+	// the request could only time out.
+	ErrRequestInTransaction = errors.New("bus: a request to an endpoint of this bus from inside a transaction on SQLite cannot be answered: the transaction holds SQLite's only connection, which the responder needs. Send the request (Send with the HeaderResponseAddress of an endpoint that consumes the response) and handle the response in that endpoint, make the request before the transaction, or use PostgreSQL")
 )
 
 // RequestFaultError is the error Request returns when the request's consumer
@@ -337,6 +344,9 @@ func (b *Bus) request(ctx context.Context, destination string, req any, opts []R
 	if scheduled {
 		return nil, fmt.Errorf("%w: a request cannot be scheduled (Delay, DeliverAt): its caller waits for the answer", ErrInvalidMessage)
 	}
+	if b.sqlite() && TxFromContext(ctx) != nil && b.consumesHere(m) {
+		return nil, fmt.Errorf("bus: request %s to %s: %w", m.MessageType, destination, ErrRequestInTransaction)
+	}
 	w := make(chan *message.Message, 1)
 	r := &b.replies
 	r.mu.Lock()
@@ -372,6 +382,26 @@ func (b *Bus) request(ctx context.Context, destination string, req any, opts []R
 		}
 		return nil, fmt.Errorf("%w: no response to %s %s from %s within %v (WithRequestTimeout)", ErrRequestTimeout, m.MessageType, m.MessageID, destination, cfg.timeout)
 	}
+}
+
+// sqlite reports whether the bus's database is SQLite (one connection).
+func (b *Bus) sqlite() bool {
+	return b.db != nil && b.db.Dialector != nil && b.db.Dialector.Name() == gormstore.DialectSQLite
+}
+
+// consumesHere reports whether an endpoint of this bus would receive m: the
+// queue it names, or a consumer of its type for a publish.
+func (b *Bus) consumesHere(m *outbox.Message) bool {
+	kind, name := wire.ParseDestination(m.Destination)
+	for _, ep := range b.endpoints {
+		if kind == "queue" && ep.Name() == name {
+			return true
+		}
+		if kind != "queue" && slices.Contains(ep.MessageTypes(), m.MessageType) {
+			return true
+		}
+	}
+	return false
 }
 
 // sendRequest delivers the request straight to the transport, mandatory

@@ -493,3 +493,46 @@ func TestRequestsDoNotQueueBehindAReplyQueueDeclaration(t *testing.T) {
 		t.Errorf("Stop: %v", err)
 	}
 }
+
+// TestRequestFromAConsumerOnSQLiteIsRefusedAtOnce (issue 32, defect 4): on
+// the embedded default a consumer's Request to an endpoint of the same bus
+// always timed out: the consumer's transaction holds SQLite's only
+// connection, which the responder needs for its inbox lock. It now fails
+// at once with ErrRequestInTransaction, which names the alternatives, and
+// a Request made outside a transaction still works.
+func TestRequestFromAConsumerOnSQLiteIsRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	got := make(chan error, 1)
+	var b *bus.Bus
+	b = start(t, quiet(), inprocEndpoints(func(c *endpoint.Endpoints) {
+		responder("pricing", "rrPing", double)(c)
+		c.ReceiveEndpoint("orders", func(e *endpoint.Endpoint) {
+			e.Retry = endpoint.NoRetry()
+			endpoint.Consumer(e, func(ctx context.Context, c *endpoint.Context[PaymentReceived]) error {
+				_, err := bus.Request[rrPong](ctx, b, "pricing", rrPing{N: 1}, pingHeaders("rrPing"), bus.WithRequestTimeout(5*time.Second))
+				got <- err
+				return nil
+			})
+		})
+	}))
+	ctx := context.Background()
+	resp, err := bus.Request[rrPong](ctx, b, "pricing", rrPing{N: 2}, pingHeaders("rrPing"), bus.WithRequestTimeout(10*time.Second))
+	if err != nil || resp.N != 4 {
+		t.Fatalf("Request outside a transaction: %+v, %v", resp, err)
+	}
+	began := time.Now()
+	if err := b.Publish(ctx, PaymentReceived{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, bus.ErrRequestInTransaction) {
+			t.Fatalf("Request from a consumer on SQLite: %v; want ErrRequestInTransaction", err)
+		}
+		if took := time.Since(began); took > 3*time.Second {
+			t.Errorf("refused after %v; want at once, not at the request timeout", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer's Request did not return within 20s")
+	}
+}

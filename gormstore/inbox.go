@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/pgerr"
 )
 
 // Inbox implements inbox.Store on the <prefix>inbox table. Obtain it from
@@ -54,6 +55,18 @@ func (r inboxRow) entry() inbox.Entry {
 	}
 }
 
+// lockWait bounds how long an inbox lock statement waits for a row lock
+// held by another transaction (PostgreSQL's lock_timeout, set in the
+// statement itself: no extra round trip).
+const (
+	lockWait         = "1s"
+	lockWaitDuration = time.Second
+)
+
+// lockWaitEnded reports whether err is a lock statement giving up after
+// lockWait (SQLSTATE 55P03, lock_not_available).
+func lockWaitEnded(err error) bool { return err != nil && pgerr.SQLState(err) == "55P03" }
+
 // lockable is the condition under which an existing row may be locked by a
 // new delivery: unprocessed, and either released (no token) or expired.
 const lockable = "{inbox}.processed_at IS NULL AND ({inbox}.lock_token IS NULL OR {inbox}.expires_at <= {now})"
@@ -69,7 +82,12 @@ func newInbox(s *Store) *Inbox {
 		// processing transaction's synchronous commit flushes the WAL up to
 		// and including it, and a lock lost in a crash before that is just
 		// an expired lock. One fsync per message instead of two.
-		values = "SELECT ?, ?, {now}, {now+?}, ?, 1 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+		//
+		// The lock waits at most lockWait for a row lock another
+		// transaction holds on the entry (a group-commit batch's fence, a
+		// frozen process's open transaction): past it the entry is busy,
+		// not a wait without limit.
+		values = "SELECT ?, ?, {now}, {now+?}, ?, 1 FROM (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWait + "', true)) AS async_commit"
 	}
 	in.tryLockSQL = s.dialect.bind(s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
 ` + values + `
@@ -143,6 +161,10 @@ func (in *Inbox) TryLock(ctx context.Context, key inbox.Key, timeout time.Durati
 	for range 5 {
 		token := uuid.NewString()
 		acquired, expiresAt, err := in.tryLockOnce(ctx, key, shift, token)
+		if lockWaitEnded(err) {
+			// Another transaction holds the entry's row: busy, look again.
+			return inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWaitDuration)}, nil
+		}
 		if err != nil {
 			return inbox.Lock{}, fmt.Errorf("gormstore: inbox lock %s/%s: %w", key.MessageID, key.ConsumerType, err)
 		}

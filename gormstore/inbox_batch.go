@@ -72,7 +72,7 @@ func (in *Inbox) batchSQL(kind batchKind, n int) string {
 		values := strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ")
 		from := "(VALUES " + values + ") AS v"
 		if pg {
-			from += " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+			from += " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWait + "', true)) AS async_commit"
 		}
 		// WHERE true: SQLite needs it to parse an upsert of a SELECT.
 		q = `INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
@@ -150,7 +150,19 @@ func (in *Inbox) TryLockBatch(ctx context.Context, consumerType string, ids []st
 		tokens[ids[i]] = tok
 		args = append(args, ids[i], tok)
 	}
+	// A row of the batch held by another transaction past lockWait fails
+	// the whole statement, which locked nothing: every id is busy (the
+	// caller tries each alone).
+	allBusy := func() ([]inbox.Lock, error) {
+		for i := range locks {
+			locks[i] = inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWaitDuration)}
+		}
+		return locks, nil
+	}
 	rows, err := querySQL(ctx, in.s.db, in.batchSQL(batchLock, len(uniq)), args...)
+	if lockWaitEnded(err) {
+		return allBusy()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("gormstore: inbox lock batch of %d: %w", len(uniq), err)
 	}
@@ -168,6 +180,9 @@ func (in *Inbox) TryLockBatch(ctx context.Context, consumerType string, ids []st
 		}
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		if lockWaitEnded(err) {
+			return allBusy()
+		}
 		return nil, fmt.Errorf("gormstore: inbox lock batch of %d: %w", len(uniq), err)
 	}
 	if locked == len(uniq) {

@@ -87,6 +87,13 @@ func (in *Inbox) lockBegin(ctx context.Context, key inbox.Key, timeout time.Dura
 		})
 	})
 	d := &DeferredTx{o: in.s.outbox, db: sqlDB, conn: c, pipe: p}
+	if lockWaitEnded(err) {
+		// The entry's row is held by another transaction: nothing locked;
+		// TryLock says busy.
+		d.done = true
+		_ = d.end(ctx)
+		return nil, inbox.Lock{}, nil
+	}
 	if err != nil {
 		d.done = true
 		_ = d.end(ctx)
