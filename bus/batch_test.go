@@ -704,3 +704,49 @@ func groupCommitChild() {
 	fmt.Println("started")
 	select {}
 }
+
+// TestGroupCommitStatementCanceledKeepsNeighbours (issue 32, defect 3): in a
+// batch on PostgreSQL, a consumer whose statement is canceled by its own
+// context (a timeout inside SQL) made pgx close the batch's connection: the
+// ROLLBACK TO SAVEPOINT failed, the neighbours that had succeeded got
+// "bad connection", the bus read it as an outage, paused and ran them again.
+// The cancel must cost only that consumer's attempt: the neighbours commit
+// on their first attempt and no outage is counted.
+func TestGroupCommitStatementCanceledKeepsNeighbours(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	be := &batchBackend{
+		name: "postgres", q: env.q("gc"), typ: env.typ("GC"), table: env.effectTable(t),
+		options: env.options,
+		db:      func(*bus.Bus) *gorm.DB { return env.db },
+	}
+	var slowCalls atomic.Int32
+	p := startBatchProbe(t, be, func(ctx context.Context, d *endpoint.Delivery) error {
+		if d.MessageID != "slow" {
+			return nil
+		}
+		if slowCalls.Add(1) > 1 {
+			return nil // the retry succeeds
+		}
+		sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		return bus.TxFromContext(ctx).WithContext(sctx).Exec("SELECT pg_sleep(5)").Error
+	})
+	p.publishBatch(t, be, "a", "slow", "b")
+	waitStats(t, p.b, func(s bus.Stats) bool { return s.Consumed == 4 })
+	if batches, ok := p.sawBatch("a", "slow", "b"); !ok {
+		t.Fatalf("batches %v: want one holding a, slow and b", batches)
+	}
+	p.mu.Lock()
+	calls := maps.Clone(p.calls)
+	p.mu.Unlock()
+	if want := map[string]int{"gate": 1, "a": 1, "slow": 2, "b": 1}; !mapsEqual(calls, want) {
+		t.Errorf("consumer runs %v, want %v: the neighbours of a canceled statement must commit on their first attempt", calls, want)
+	}
+	if got, want := be.effects(t, p.b), map[string]int{"gate": 1, "a": 1, "slow": 1, "b": 1}; !mapsEqual(got, want) {
+		t.Errorf("effects %v, want %v", got, want)
+	}
+	if n := bus.OutagesForTest(p.b); n != 0 {
+		t.Errorf("%d database outages for a consumer's canceled statement; want 0", n)
+	}
+}
