@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -42,6 +43,7 @@ Usage:
   barewire saga states --table TABLE
   barewire saga ls --table TABLE [--state STATE] [--limit N]
   barewire saga show --table TABLE CORRELATION-ID
+  barewire version
 
 Flags every command takes:
   --dsn DSN      database: postgres://..., "host=... dbname=...", sqlite:PATH or PATH.db
@@ -103,9 +105,18 @@ func (c *cli) dispatch(args []string) error {
 		return usagef("no command given")
 	}
 	cmd, rest := args[0], args[1:]
+	// "barewire inbox --help", "barewire outbox requeue -h": the usage,
+	// which lists every command with its flags.
+	if len(rest) > 0 && isHelp(rest[0]) || len(rest) > 1 && isHelp(rest[1]) && (cmd == "inbox" || cmd == "outbox" || cmd == "saga") {
+		fmt.Fprint(c.stdout, usage)
+		return nil
+	}
 	switch cmd {
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(c.stdout, usage)
+		return nil
+	case "version", "--version":
+		fmt.Fprintln(c.stdout, version())
 		return nil
 	case "migrate":
 		return c.migrate(rest)
@@ -142,6 +153,30 @@ func (c *cli) dispatch(args []string) error {
 		return usagef("unknown command %q", cmd+" "+sub)
 	}
 	return usagef("unknown command %q", cmd)
+}
+
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "--help", "-help":
+		return true
+	}
+	return false
+}
+
+// version names the module version the binary was built from (a checkout
+// builds "(devel)") and the commit when the build recorded it.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "barewire (no build information)"
+	}
+	v := "barewire " + bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && s.Value != "" {
+			v += " " + s.Value
+		}
+	}
+	return v + " " + bi.GoVersion
 }
 
 // flags returns a flag set with the flags every command takes.

@@ -271,8 +271,14 @@ func (c *cli) outboxRequeue(args []string) error {
 		return err
 	}
 	if c.json {
-		return c.printJSON(map[string]int{"requeued": n})
+		if err := c.printJSON(map[string]int{"requeued": n}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(c.stdout, "requeued %d parked row(s); running relays send them within their polling interval\n", n)
 	}
-	fmt.Fprintf(c.stdout, "requeued %d parked row(s); running relays send them within their polling interval\n", n)
+	if !*all && n < len(ids) {
+		return fmt.Errorf("%d of the %d ids given are not parked outbox rows (no such row, or not parked): nothing done for them", len(ids)-n, len(ids))
+	}
 	return nil
 }

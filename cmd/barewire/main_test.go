@@ -358,3 +358,25 @@ func TestCLIScheduled(t *testing.T) {
 		t.Errorf("outbox ls --scheduled:\n%s", text)
 	}
 }
+
+// TestCLIHelpVersionAndMissingIDs: every command answers --help with the
+// usage (exit 0; "barewire inbox --help" said "unknown command"), version
+// prints the build, and requeueing an id that is not a parked row exits
+// non-zero saying so (it printed "requeued 0" and exited 0).
+func TestCLIHelpVersionAndMissingIDs(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"inbox", "--help"}, {"outbox", "-h"}, {"outbox", "requeue", "--help"}, {"saga", "help"}, {"stats", "--help"}} {
+		if out := ok(t, args...); !strings.Contains(out, "Usage:") {
+			t.Errorf("barewire %s: no usage:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	if out := ok(t, "version"); !strings.HasPrefix(out, "barewire ") || !strings.Contains(out, "go1.") {
+		t.Errorf("version: %q", out)
+	}
+	path := filepath.Join(t.TempDir(), "bus.db")
+	ok(t, "migrate", "--dsn", path)
+	code, _, errOut := barewire(t, "outbox", "requeue", "99", "--dsn", path)
+	if code != exitError || !strings.Contains(errOut, "1 of the 1 ids given are not parked outbox rows") {
+		t.Errorf("requeue of a missing id = %d %q; want exit %d saying so", code, errOut, exitError)
+	}
+}
