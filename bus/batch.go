@@ -247,7 +247,7 @@ func (bt *batcher) process(ctx context.Context, batch []*batchJob) {
 				rctx, cancel := detach.From(ctx)
 				err := bt.b.inboxSt.Release(rctx, key, items[i].Token)
 				cancel()
-				if err != nil {
+				if err != nil && !errors.Is(err, inbox.ErrLockLost) {
 					bt.log.WarnContext(j.ctx, "inbox: releasing lock failed; it will expire", "message_id", key.MessageID, "error", err)
 				}
 				j.err = errHandBack

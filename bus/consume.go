@@ -306,7 +306,7 @@ func (b *Bus) releaseKeptLock(ctx context.Context, ep *endpoint.Endpoint, msg *m
 		return nil
 	}
 	key := inbox.Key{MessageID: msg.UUID, ConsumerType: ep.Name()}
-	if err := b.inboxSt.Release(ctx, key, d.keptLock); err != nil {
+	if err := b.inboxSt.Release(ctx, key, d.keptLock); err != nil && !errors.Is(err, inbox.ErrLockLost) {
 		return &inbox.StoreError{Op: "release the lock of a failed attempt", Err: err}
 	}
 	d.keptLock = ""

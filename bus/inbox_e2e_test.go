@@ -180,3 +180,47 @@ func TestInboxBurstWithDuplicatesAcrossConcurrentHandlers(t *testing.T) {
 		t.Fatalf("stats %+v; want %d consumed and %d duplicates", s, unique, len(ids)-unique)
 	}
 }
+
+// TestFailureAfterTakeoverIsNotTheMessages (found by the interaction
+// profile, seed 1796690171998554834): a delivery whose attempt outlasted
+// InboxLockTimeout, so that another delivery of the same message took the
+// entry over and processed it, then failed permanently (its state had moved
+// on under it, as a saga's does). It was dead-lettered although the message
+// was processed once. Its failure is not the message's: its lock was lost,
+// so it looks again, finds the entry processed and counts a duplicate.
+func TestFailureAfterTakeoverIsNotTheMessages(t *testing.T) {
+	t.Parallel()
+	env := newRealEnv(t)
+	q, typ := env.q("takeover"), env.typ("Takeover")
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	b := start(t, env.options(func(c *endpoint.Endpoints) {
+		c.ReceiveEndpoint(q, func(e *endpoint.Endpoint) {
+			e.ConcurrentMessageLimit = 4
+			endpoint.RawConsumer(e, func(ctx context.Context, d *endpoint.Delivery) error {
+				if calls.Add(1) == 1 {
+					close(entered)
+					<-release // outlasts the lock: the second delivery takes over
+					return endpoint.Permanent(errors.New("the state moved on under this delivery"))
+				}
+				return nil
+			}, endpoint.ForTypes(typ))
+		})
+	}, func(o *outbox.Options) { o.InboxLockTimeout = time.Second })...)
+	ctx := context.Background()
+	send := func() {
+		t.Helper()
+		if err := b.Send(ctx, q, bus.Raw{Type: typ, Body: []byte(`{}`)}, bus.Headers{bus.HeaderMessageID: "taken-over"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send()
+	<-entered
+	send() // the same id: it waits for the lock to expire, then takes it over
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed == 1 })
+	close(release)
+	waitStats(t, b, func(s bus.Stats) bool { return s.Consumed+s.Duplicates+s.DeadLettered == 2 })
+	if s := b.Stats(); s.DeadLettered != 0 || s.Duplicates != 1 {
+		t.Fatalf("stats %+v: want the failed delivery that lost its lock counted as a duplicate, nothing dead-lettered", s)
+	}
+}

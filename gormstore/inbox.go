@@ -289,8 +289,12 @@ var errDuplicate = errors.New("gormstore: duplicate inbox entry")
 // Release implements inbox.Store. Releasing with a token that no longer
 // holds the lock (taken over, or already processed) does nothing.
 func (in *Inbox) Release(ctx context.Context, key inbox.Key, token string) error {
-	if _, err := execSQL(ctx, in.s.db, in.releaseSQL, key.MessageID, key.ConsumerType, token); err != nil {
+	res, err := execSQL(ctx, in.s.db, in.releaseSQL, key.MessageID, key.ConsumerType, token)
+	if err != nil {
 		return fmt.Errorf("gormstore: inbox release %s/%s: %w", key.MessageID, key.ConsumerType, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		return inbox.ErrLockLost
 	}
 	return nil
 }

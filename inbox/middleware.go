@@ -167,6 +167,15 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			rctx, cancel := detach.From(ctx)
 			rerr := m.Store.Release(rctx, key, lock.Token)
 			cancel()
+			if errors.Is(rerr, ErrLockLost) {
+				// Another delivery took the entry over while this attempt
+				// ran (its lock expired: a frozen or slow attempt): this
+				// failure is not the message's. The caller looks again and
+				// finds the entry processed, or takes it.
+				log.DebugContext(ctx, "inbox: a failed attempt's lock had been taken over; not counted",
+					"message_id", key.MessageID, "consumer_type", key.ConsumerType, "error", err)
+				return nil, ErrLockLost
+			}
 			if rerr != nil {
 				if m.OnLockKept != nil {
 					m.OnLockKept(ctx, key, lock.Token)

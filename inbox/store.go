@@ -88,7 +88,9 @@ type Store interface {
 	// concurrent delivery). Concurrent deliveries of one key serialize on the
 	// row, so it is meant for short handlers.
 	ProcessAndLock(ctx context.Context, key Key, fn func(ctx context.Context) error) (bool, error)
-	// Release drops a lock held with token so that a retry can take it at once.
+	// Release drops a lock held with token so that a retry can take it at
+	// once. It returns ErrLockLost when token no longer holds the entry (it
+	// was taken over, processed, or released already): nothing changed.
 	Release(ctx context.Context, key Key, token string) error
 	// Cleanup deletes at most batch entries processed more than retention ago,
 	// or never processed and expired more than retention ago. It returns how

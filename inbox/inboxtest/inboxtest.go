@@ -227,8 +227,8 @@ func testProcessedNeverRelockable(t *testing.T, s inbox.Store) {
 	process(t, ctx, s, k, l.Token)
 	time.Sleep(shortLock + 200*time.Millisecond) // past the lock's expiry
 	mustLock(t, ctx, s, k, shortLock, inbox.Processed)
-	if err := s.Release(ctx, k, l.Token); err != nil {
-		t.Fatalf("Release after processing: %v", err)
+	if err := s.Release(ctx, k, l.Token); !errors.Is(err, inbox.ErrLockLost) {
+		t.Fatalf("Release after processing = %v, want ErrLockLost (the token holds nothing)", err)
 	}
 	mustLock(t, ctx, s, k, shortLock, inbox.Processed)
 	ok, err := s.ProcessAndLock(ctx, k, func(context.Context) error {
@@ -324,9 +324,9 @@ func testFencing(t *testing.T, s inbox.Store) {
 	if e := entry(t, ctx, s, k); e.ProcessedAt != nil {
 		t.Fatalf("stale holder marked the entry processed: %+v", e)
 	}
-	// Nor may it release the new holder's lock.
-	if err := s.Release(ctx, k, stale.Token); err != nil {
-		t.Fatalf("Release with a stale token: %v", err)
+	// Nor may it release the new holder's lock; it learns that it lost it.
+	if err := s.Release(ctx, k, stale.Token); !errors.Is(err, inbox.ErrLockLost) {
+		t.Fatalf("Release with a taken-over token = %v, want ErrLockLost", err)
 	}
 	mustLock(t, ctx, s, k, longLock, inbox.Busy)
 
@@ -337,6 +337,9 @@ func testFencing(t *testing.T, s inbox.Store) {
 	err = s.Process(ctx, k, stale.Token, func(context.Context) error { return nil })
 	if !errors.Is(err, inbox.ErrLockLost) {
 		t.Fatalf("Process with a stale token after processing = %v, want ErrLockLost", err)
+	}
+	if err := s.Release(ctx, k, stale.Token); !errors.Is(err, inbox.ErrLockLost) {
+		t.Fatalf("Release with a stale token after processing = %v, want ErrLockLost", err)
 	}
 	mustLock(t, ctx, s, k, longLock, inbox.Processed)
 }
@@ -357,9 +360,9 @@ func testFailureAndRelease(t *testing.T, s inbox.Store) {
 	// Still locked: the failed delivery holds it until it releases.
 	mustLock(t, ctx, s, k, longLock, inbox.Busy)
 
-	// A wrong token releases nothing.
-	if err := s.Release(ctx, k, "not-the-token"); err != nil {
-		t.Fatalf("Release with a wrong token: %v", err)
+	// A wrong token releases nothing, and says so.
+	if err := s.Release(ctx, k, "not-the-token"); !errors.Is(err, inbox.ErrLockLost) {
+		t.Fatalf("Release with a wrong token = %v, want ErrLockLost", err)
 	}
 	mustLock(t, ctx, s, k, longLock, inbox.Busy)
 
