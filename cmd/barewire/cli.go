@@ -36,6 +36,7 @@ Usage:
   barewire stats
   barewire inbox ls [--message-id ID] [--consumer-type NAME] [--processed true|false] [--limit N] [--offset N]
   barewire inbox show MESSAGE-ID [--consumer-type NAME]
+  barewire inbox release MESSAGE-ID --consumer-type NAME
   barewire inbox purge [--older-than 7d] [--batch N] [--dry-run] [--include-pending --yes]
   barewire outbox ls [--status pending|parked|delivered] [--scheduled] [--after-id ID] [--limit N]
   barewire outbox requeue (ID... | --all-parked)
@@ -133,7 +134,7 @@ func (c *cli) dispatch(args []string) error {
 		return usagef("unknown command %q", "saga "+rest[0])
 	case "inbox", "outbox":
 		if len(rest) == 0 {
-			return usagef("%s needs a subcommand: %s", cmd, map[string]string{"inbox": "ls, show or purge", "outbox": "ls, requeue or purge"}[cmd])
+			return usagef("%s needs a subcommand: %s", cmd, map[string]string{"inbox": "ls, show, release or purge", "outbox": "ls, requeue or purge"}[cmd])
 		}
 		sub, subArgs := rest[0], rest[1:]
 		switch cmd + " " + sub {
@@ -141,6 +142,8 @@ func (c *cli) dispatch(args []string) error {
 			return c.inboxList(subArgs)
 		case "inbox show":
 			return c.inboxShow(subArgs)
+		case "inbox release":
+			return c.inboxRelease(subArgs)
 		case "inbox purge":
 			return c.purge(tableInbox, subArgs)
 		case "outbox ls":

@@ -154,26 +154,69 @@ func (c *cli) inboxShow(args []string) error {
 	if len(pos) != 1 {
 		return usagef("inbox show takes one message id")
 	}
-	return c.listInbox(inbox.Query{MessageID: pos[0], ConsumerType: *consumer, Limit: 1000})
+	n, err := c.listInboxCount(inbox.Query{MessageID: pos[0], ConsumerType: *consumer, Limit: 1000})
+	if err == nil && n == 0 {
+		return fmt.Errorf("no inbox entry for message id %q", pos[0])
+	}
+	return err
 }
 
-func (c *cli) listInbox(q inbox.Query) error {
+// inboxRelease drops the lock of one consumer type's unprocessed entry
+// whatever its token (gormstore.Inbox.ForceRelease): the way out of a lock
+// left by a delivery that will never finish.
+func (c *cli) inboxRelease(args []string) error {
+	fs := c.flags("inbox release")
+	consumer := fs.String("consumer-type", "", "the consumer type (endpoint name) whose lock to release; required")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || *consumer == "" {
+		return usagef("inbox release takes one message id and --consumer-type")
+	}
 	db, store, err := c.open(false)
 	if err != nil {
 		return err
 	}
 	defer closeDB(db)
-	entries, err := store.Inbox().List(c.ctx, q)
+	key := inbox.Key{MessageID: pos[0], ConsumerType: *consumer}
+	released, err := store.Inbox().ForceRelease(c.ctx, key)
 	if err != nil {
 		return err
 	}
+	if !released {
+		return fmt.Errorf("no locked, unprocessed inbox entry for message id %q and consumer type %q: nothing released", key.MessageID, key.ConsumerType)
+	}
+	if c.json {
+		return c.printJSON(map[string]any{"released": true, "messageId": key.MessageID, "consumerType": key.ConsumerType})
+	}
+	fmt.Fprintf(c.stdout, "released the lock of %s/%s: the next delivery takes the entry at once; a holder still running can no longer commit\n", key.MessageID, key.ConsumerType)
+	return nil
+}
+
+func (c *cli) listInbox(q inbox.Query) error {
+	_, err := c.listInboxCount(q)
+	return err
+}
+
+// listInboxCount prints the entries q matches and returns how many.
+func (c *cli) listInboxCount(q inbox.Query) (int, error) {
+	db, store, err := c.open(false)
+	if err != nil {
+		return 0, err
+	}
+	defer closeDB(db)
+	entries, err := store.Inbox().List(c.ctx, q)
+	if err != nil {
+		return 0, err
+	}
 	out := view.Inboxes(entries, time.Now())
 	if c.json {
-		return c.printJSON(out)
+		return len(out), c.printJSON(out)
 	}
 	if len(out) == 0 {
 		fmt.Fprintln(c.stderr, "no inbox entries match")
-		return nil
+		return 0, nil
 	}
 	rows := make([][]string, len(out))
 	for i, e := range out {
@@ -184,7 +227,7 @@ func (c *cli) listInbox(q inbox.Query) error {
 		rows[i] = []string{e.MessageID, e.ConsumerType, e.State, fmtTime(e.ReceivedAt), fmtTimePtr(e.ProcessedAt),
 			expires, strconv.Itoa(e.Attempts)}
 	}
-	return c.table([]string{"MESSAGE ID", "CONSUMER TYPE", "STATE", "RECEIVED", "PROCESSED", "LOCK EXPIRES", "ATTEMPTS"}, rows)
+	return len(out), c.table([]string{"MESSAGE ID", "CONSUMER TYPE", "STATE", "RECEIVED", "PROCESSED", "LOCK EXPIRES", "ATTEMPTS"}, rows)
 }
 
 // ---- outbox ----

@@ -6,7 +6,7 @@
 //	barewire migrate                      create or upgrade the tables
 //	barewire migrate --print              print the SQL instead (for your own migration tool)
 //	barewire stats                        outbox and inbox counts
-//	barewire inbox ls|show|purge          inbox entries
+//	barewire inbox ls|show|release|purge  inbox entries; release drops a stuck lock
 //	barewire outbox ls|requeue|purge      outbox rows
 //	barewire saga states|ls|show          saga instances (read-only), by state or correlation id
 //

@@ -379,4 +379,46 @@ func TestCLIHelpVersionAndMissingIDs(t *testing.T) {
 	if code != exitError || !strings.Contains(errOut, "1 of the 1 ids given are not parked outbox rows") {
 		t.Errorf("requeue of a missing id = %d %q; want exit %d saying so", code, errOut, exitError)
 	}
+	if code, _, errOut := barewire(t, "inbox", "show", "nope", "--dsn", path); code != exitError || !strings.Contains(errOut, `no inbox entry for message id "nope"`) {
+		t.Errorf("inbox show of a missing id = %d %q; want exit %d saying so", code, errOut, exitError)
+	}
+}
+
+// TestCLIInboxRelease: an operator releases a lock left by a delivery that
+// will never finish; the next delivery takes the entry at once. Releasing
+// what holds no lock exits 1 and changes nothing.
+func TestCLIInboxRelease(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "bus.db")
+	ok(t, "migrate", "--dsn", path)
+	db, err := gormstore.OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(db) })
+	s, err := gormstore.New(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	k := inbox.Key{MessageID: "stuck", ConsumerType: "billing"}
+	if l, err := s.Inbox().TryLock(ctx, k, time.Hour); err != nil || l.State != inbox.Acquired {
+		t.Fatalf("lock: %+v, %v", l, err)
+	}
+	if code, _, _ := barewire(t, "inbox", "release", "stuck", "--dsn", path); code != exitUsage {
+		t.Errorf("release without --consumer-type = %d; want a usage error", code)
+	}
+	if out := ok(t, "inbox", "release", "stuck", "--consumer-type", "billing", "--dsn", path); !strings.Contains(out, "released the lock of stuck/billing") {
+		t.Errorf("release: %q", out)
+	}
+	l, err := s.Inbox().TryLock(ctx, k, time.Hour)
+	if err != nil || l.State != inbox.Acquired {
+		t.Fatalf("lock after the release: %+v, %v; want acquired at once", l, err)
+	}
+	if err := s.Inbox().Process(ctx, k, l.Token, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := barewire(t, "inbox", "release", "stuck", "--consumer-type", "billing", "--dsn", path); code != exitError || !strings.Contains(errOut, "nothing released") {
+		t.Errorf("release of a processed entry = %d %q; want exit %d", code, errOut, exitError)
+	}
 }
