@@ -9,6 +9,7 @@ import (
 
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/testenv"
 )
 
 // TestInboxLockNeverWaitsOnAHeldRow (issue 32, defect 1): an inbox entry
@@ -32,27 +33,11 @@ func TestInboxLockNeverWaitsOnAHeldRow(t *testing.T) {
 		t.Fatalf("first lock: %+v, %v", l, err)
 	}
 	time.Sleep(5 * time.Millisecond)
-	holding := make(chan error, 1)
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- db.Transaction(func(tx *gorm.DB) error {
-			err := tx.Exec("SELECT 1 FROM "+prefix+"inbox WHERE message_id = ? AND consumer_type = ? FOR UPDATE", key.MessageID, key.ConsumerType).Error
-			holding <- err
-			if err != nil {
-				return err
-			}
-			<-release
-			return nil
-		})
-	}()
-	if err := <-holding; err != nil {
-		close(release)
-		t.Fatal(err)
-	}
+	release := testenv.HoldInTransaction(t, db, func(tx *gorm.DB) error {
+		return tx.Exec("SELECT 1 FROM "+prefix+"inbox WHERE message_id = ? AND consumer_type = ? FOR UPDATE", key.MessageID, key.ConsumerType).Error
+	})
 	defer func() {
-		close(release)
-		if err := <-held; err != nil {
+		if err := release(); err != nil {
 			t.Error(err)
 		}
 	}()

@@ -17,6 +17,7 @@ import (
 	"github.com/barewire-go/barewire/gormstore"
 	"github.com/barewire-go/barewire/gormstore/postgresdb"
 	"github.com/barewire-go/barewire/inbox"
+	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/outbox"
 )
 
@@ -270,24 +271,7 @@ func TestMigrateWaitsForAnotherMigratorWithABound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holding := make(chan error, 1)
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- db.Transaction(func(tx *gorm.DB) error {
-			err := gormstore.HoldMigrateTurn(tx, prefix)
-			holding <- err
-			if err != nil {
-				return err
-			}
-			<-release
-			return nil
-		})
-	}()
-	if err := <-holding; err != nil {
-		close(release)
-		t.Fatal(err)
-	}
+	release := testenv.HoldInTransaction(t, db, func(tx *gorm.DB) error { return gormstore.HoldMigrateTurn(tx, prefix) })
 	// A deadline far beyond the turn timeout: without the bound, Migrate
 	// would wait for it and fail with it.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -295,7 +279,7 @@ func TestMigrateWaitsForAnotherMigratorWithABound(t *testing.T) {
 	start := time.Now()
 	err = s.Migrate(ctx)
 	took := time.Since(start)
-	close(release)
+	releaseErr := release()
 	if err == nil {
 		t.Fatal("Migrate succeeded while another migrator held the turn")
 	}
@@ -305,8 +289,8 @@ func TestMigrateWaitsForAnotherMigratorWithABound(t *testing.T) {
 	if took > 10*time.Second {
 		t.Errorf("Migrate took %v with a turn timeout of 1s", took)
 	}
-	if err := <-held; err != nil {
-		t.Fatal(err)
+	if releaseErr != nil {
+		t.Fatal(releaseErr)
 	}
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatalf("Migrate once the turn is free: %v", err)

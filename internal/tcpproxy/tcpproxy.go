@@ -20,9 +20,9 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
+	mu        sync.Mutex
+	conns     map[net.Conn]struct{}
+	closed    bool
 	down      bool          // refuse new connections
 	thawed    chan struct{} // closed while bytes flow; open while frozen
 	unblocked chan struct{} // closed while clients' bytes flow; open while blocked

@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/barewire-go/barewire/internal/testenv"
 	"github.com/barewire-go/barewire/transport/pgtransport"
 )
 
@@ -18,27 +19,9 @@ import (
 func TestStartWaitsForAnotherMigratorWithABound(t *testing.T) {
 	e := newEnv(t)
 	defer pgtransport.SetMigrateTurnTimeout("1s")()
-	holding := make(chan error, 1)
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- e.db.Transaction(func(tx *gorm.DB) error {
-			err := pgtransport.HoldMigrateTurn(tx, e.prefix)
-			holding <- err
-			if err != nil {
-				return err
-			}
-			<-release
-			return nil
-		})
-	}()
-	if err := <-holding; err != nil {
-		close(release)
-		t.Fatal(err)
-	}
+	release := testenv.HoldInTransaction(t, e.db, func(tx *gorm.DB) error { return pgtransport.HoldMigrateTurn(tx, e.prefix) })
 	tr, err := pgtransport.Open(e.db, pgtransport.Config{TablePrefix: e.prefix}, testLogger(t))
 	if err != nil {
-		close(release)
 		t.Fatal(err)
 	}
 	// A deadline far beyond the turn timeout: without the bound, Start
@@ -48,7 +31,7 @@ func TestStartWaitsForAnotherMigratorWithABound(t *testing.T) {
 	start := time.Now()
 	err = tr.Start(ctx, nil)
 	took := time.Since(start)
-	close(release)
+	releaseErr := release()
 	_ = tr.Close()
 	if err == nil {
 		t.Fatal("Start succeeded while another process held the migration turn")
@@ -59,8 +42,8 @@ func TestStartWaitsForAnotherMigratorWithABound(t *testing.T) {
 	if took > 10*time.Second {
 		t.Errorf("Start took %v with a turn timeout of 1s", took)
 	}
-	if err := <-held; err != nil {
-		t.Fatal(err)
+	if releaseErr != nil {
+		t.Fatal(releaseErr)
 	}
 	e.start(t, pgtransport.Config{}, nil)
 }
