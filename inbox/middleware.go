@@ -88,70 +88,63 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return &StoreError{Op: op, Err: err}
 		}
 
-		if m.SingleTransaction {
-			for {
-				ran, handlerErr = false, nil
-				settled, unwatch := m.watch(key)
-				done, err := m.Store.ProcessAndLock(ctx, key, run)
-				if ran {
-					m.Settled.Settle(key)
-				}
-				if err != nil {
-					unwatch()
-					return nil, storeErr("process", err)
-				}
-				if done {
-					unwatch()
-					return nil, nil
-				}
-				busy, err := m.existingIsBusy(ctx, key, log, busyDelay, settled)
-				unwatch()
-				if err != nil || !busy {
-					return nil, err
-				}
-			}
-		}
-
 		// A delivery that finds the entry locked by another waits here for
 		// that delivery to finish (a duplicate, then) or for its lock to
 		// expire (a crashed delivery, taken over). Waiting in process rather
 		// than requeueing spares the broker a requeue per second, which
 		// quorum queues count towards their delivery limit.
+		w := busyWatch{m: m, key: key}
+		defer w.end()
+		if m.SingleTransaction {
+			for {
+				ran, handlerErr = false, nil
+				done, err := m.Store.ProcessAndLock(ctx, key, run)
+				if ran {
+					m.Settled.Settle(key)
+				}
+				if err != nil {
+					return nil, storeErr("process", err)
+				}
+				if done {
+					return nil, nil
+				}
+				busy, expiresAt, err := m.existing(ctx, key, log)
+				if err != nil || !busy {
+					return nil, err
+				}
+				if err := w.wait(ctx, expiresAt, busyDelay); err != nil {
+					return nil, err
+				}
+			}
+		}
+
 		lp, pipelined := m.Store.(LockProcessor)
 		var lock Lock
 		var err error
 		for {
-			// Watch before the read: a holder in this process that ends
-			// between the read and the wait still wakes us.
-			settled, unwatch := m.watch(key)
 			if pipelined {
 				lock, err = lp.LockAndProcess(ctx, key, m.LockTimeout, run)
 				if err != nil && lock.State == 0 {
-					unwatch()
 					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
 				}
 			} else {
 				lock, err = m.Store.TryLock(ctx, key, m.LockTimeout)
 				if err != nil {
-					unwatch()
 					return nil, &StoreError{Op: "lock " + key.MessageID + "/" + key.ConsumerType, Err: err}
 				}
 			}
 			if lock.State == Processed {
-				unwatch()
 				m.duplicate(ctx, key, log)
 				return nil, nil
 			}
 			if lock.State == Acquired {
-				unwatch()
 				break
 			}
-			err := m.wait(ctx, lock.ExpiresAt, busyDelay, settled)
-			unwatch()
-			if err != nil {
+			if err := w.wait(ctx, lock.ExpiresAt, busyDelay); err != nil {
 				return nil, err
 			}
 		}
+		w.end()
 		// Whatever the attempt's end, deliveries of this process waiting
 		// for the entry look again at once.
 		defer m.Settled.Settle(key)
@@ -188,23 +181,19 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// existingIsBusy decides, for the single-transaction mode, whether an
-// existing entry is a duplicate (it acks and reports false) or an
-// in-progress delivery (it waits, then reports true so the caller tries
-// again).
-func (m *Middleware) existingIsBusy(ctx context.Context, key Key, log *slog.Logger, busyDelay time.Duration, settled <-chan struct{}) (bool, error) {
+// existing reads, for the single-transaction mode, the entry that kept
+// ProcessAndLock from inserting: an in-progress delivery (busy, until
+// expiresAt) or a duplicate (acked here; not busy).
+func (m *Middleware) existing(ctx context.Context, key Key, log *slog.Logger) (busy bool, expiresAt time.Time, err error) {
 	entries, err := m.Store.List(ctx, Query{MessageID: key.MessageID, ConsumerType: key.ConsumerType, Limit: 1})
 	if err != nil {
-		return false, &StoreError{Op: "read entry " + key.MessageID + "/" + key.ConsumerType, Err: err}
+		return false, time.Time{}, &StoreError{Op: "read entry " + key.MessageID + "/" + key.ConsumerType, Err: err}
 	}
 	if len(entries) == 1 && entries[0].ProcessedAt == nil {
-		if err := m.wait(ctx, entries[0].ExpiresAt, busyDelay, settled); err != nil {
-			return false, err
-		}
-		return true, nil
+		return true, entries[0].ExpiresAt, nil
 	}
 	m.duplicate(ctx, key, log)
-	return false, nil
+	return false, time.Time{}, nil
 }
 
 func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
@@ -214,13 +203,42 @@ func (m *Middleware) duplicate(ctx context.Context, key Key, log *slog.Logger) {
 	}
 }
 
-// watch is Settled.Watch, or a nil channel when the middleware has no
-// Settled.
-func (m *Middleware) watch(k Key) (<-chan struct{}, func()) {
-	if m.Settled == nil {
-		return nil, func() {}
+// busyWatch is one delivery's watch (Settled) on an entry it found busy.
+// Nothing is watched until the entry is first found busy, so a delivery
+// that takes the lock at once costs nothing; then the watch is taken and
+// the entry looked at once more before any wait, so that a holder ending
+// between the read and the watch is not missed.
+type busyWatch struct {
+	m    *Middleware
+	key  Key
+	ch   <-chan struct{}
+	stop func()
+}
+
+// wait is called each time the entry is found busy. The first time (with
+// Settled) it only takes the watch and returns: the caller looks again.
+// Otherwise it waits (Middleware.wait); a watch that fired is spent, and
+// the next busy finding takes a new one.
+func (w *busyWatch) wait(ctx context.Context, expiresAt time.Time, busyDelay time.Duration) error {
+	if w.m.Settled != nil && w.stop == nil {
+		w.ch, w.stop = w.m.Settled.Watch(w.key)
+		return nil
 	}
-	return m.Settled.Watch(k)
+	err := w.m.wait(ctx, expiresAt, busyDelay, w.ch)
+	select {
+	case <-w.ch: // nil without Settled: never ready
+		w.end()
+	default:
+	}
+	return err
+}
+
+// end ends the watch, if one is taken.
+func (w *busyWatch) end() {
+	if w.stop != nil {
+		w.stop()
+		w.ch, w.stop = nil, nil
+	}
 }
 
 // wait sleeps until the other delivery's lock should be settled, at most
