@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,18 +81,29 @@ const closeTimeout = 5 * time.Second
 // and every other wait on it, and returns an error that wraps
 // outbox.ErrTransportUnavailable.
 func (t *Transport) bounded(conn *amqp.Connection, what string, fn func() error) error {
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
-	timer := time.NewTimer(t.rpcTimeout())
-	defer timer.Stop()
-	select {
-	case err := <-done:
+	if err, answered := within(context.Background(), t.rpcTimeout(), fn); answered {
 		return err
-	case <-timer.C:
 	}
 	t.log.Warn("rabbitmq broker did not answer a call: closing the connection", slog.String("call", what), slog.Duration("timeout", t.rpcTimeout()))
 	abandon(conn)
 	return fmt.Errorf("%w: rabbitmq: %s: no answer from the broker within %v; connection closed", outbox.ErrTransportUnavailable, what, t.rpcTimeout())
+}
+
+// within runs fn, a synchronous call, and waits for it at most d, or
+// until ctx ends: answered is false when fn was still running, and fn is
+// then left to finish by itself.
+func within(ctx context.Context, d time.Duration, fn func() error) (err error, answered bool) {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err, true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return nil, false
 }
 
 // abandon closes conn without waiting for the broker's close-ok longer

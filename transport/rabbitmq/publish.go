@@ -679,23 +679,16 @@ func (t *Transport) brokerAnswers(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	done := make(chan error, 1)
-	go func() {
-		ch, err := conn.Channel()
-		if err == nil {
-			_ = ch.Close()
-		}
-		done <- err
-	}()
-	timer := time.NewTimer(confirmProbeTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-done:
-		return err == nil
-	case <-timer.C:
-	case <-ctx.Done():
+	var ch *amqp.Channel
+	err, answered := within(ctx, confirmProbeTimeout, func() (err error) {
+		ch, err = conn.Channel()
+		return err
+	})
+	if !answered || err != nil {
+		return false
 	}
-	return false
+	t.closeChannel(conn, ch)
+	return true
 }
 
 // silentError is the error of a publish the broker did not confirm within
