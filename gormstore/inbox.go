@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,10 +59,10 @@ func (r inboxRow) entry() inbox.Entry {
 // lockWait bounds how long an inbox lock statement waits for a row lock
 // held by another transaction (PostgreSQL's lock_timeout, set in the
 // statement itself: no extra round trip).
-const (
-	lockWait         = "1s"
-	lockWaitDuration = time.Second
-)
+const lockWait = time.Second
+
+// lockWaitSetting is lockWait as the statements set lock_timeout to.
+var lockWaitSetting = strconv.FormatInt(lockWait.Milliseconds(), 10) + "ms"
 
 // lockWaitEnded reports whether err is a lock statement giving up after
 // lockWait (SQLSTATE 55P03, lock_not_available).
@@ -87,7 +88,7 @@ func newInbox(s *Store) *Inbox {
 		// transaction holds on the entry (a group-commit batch's fence, a
 		// frozen process's open transaction): past it the entry is busy,
 		// not a wait without limit.
-		values = "SELECT ?, ?, {now}, {now+?}, ?, 1 FROM (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWait + "', true)) AS async_commit"
+		values = "SELECT ?, ?, {now}, {now+?}, ?, 1 FROM (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWaitSetting + "', true)) AS async_commit"
 	}
 	in.tryLockSQL = s.dialect.bind(s.query(`INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
 ` + values + `
@@ -163,7 +164,7 @@ func (in *Inbox) TryLock(ctx context.Context, key inbox.Key, timeout time.Durati
 		acquired, expiresAt, err := in.tryLockOnce(ctx, key, shift, token)
 		if lockWaitEnded(err) {
 			// Another transaction holds the entry's row: busy, look again.
-			return inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWaitDuration)}, nil
+			return inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWait)}, nil
 		}
 		if err != nil {
 			return inbox.Lock{}, fmt.Errorf("gormstore: inbox lock %s/%s: %w", key.MessageID, key.ConsumerType, err)

@@ -72,7 +72,7 @@ func (in *Inbox) batchSQL(kind batchKind, n int) string {
 		values := strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ")
 		from := "(VALUES " + values + ") AS v"
 		if pg {
-			from += " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWait + "', true)) AS async_commit"
+			from += " CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true), set_config('lock_timeout', '" + lockWaitSetting + "', true)) AS async_commit"
 		}
 		// WHERE true: SQLite needs it to parse an upsert of a SELECT.
 		q = `INSERT INTO {inbox} (message_id, consumer_type, received_at, expires_at, lock_token, attempts)
@@ -155,7 +155,7 @@ func (in *Inbox) TryLockBatch(ctx context.Context, consumerType string, ids []st
 	// caller tries each alone).
 	allBusy := func() ([]inbox.Lock, error) {
 		for i := range locks {
-			locks[i] = inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWaitDuration)}
+			locks[i] = inbox.Lock{State: inbox.Busy, ExpiresAt: time.Now().Add(lockWait)}
 		}
 		return locks, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/barewire-go/barewire/endpoint"
 	"github.com/barewire-go/barewire/internal/tcpproxy"
 	"github.com/barewire-go/barewire/outbox"
 )
@@ -19,7 +20,8 @@ import (
 // at ten minutes, so that neither side's heartbeat check ends the
 // connection first). Every Deliver must still return within
 // PublishTimeout and a margin, with its messages failed, a Deliver beside
-// it must not queue behind it, and Close must return.
+// it must not queue behind it, and Close must return, ending a running
+// subscription's consumer too.
 func TestEveryWaitBoundedWhileTheBrokerStopsReading(t *testing.T) {
 	// Big: the first Deliver's writes fill the buffers and block.
 	// Small: every write fits in the buffers; the waits are for confirms,
@@ -54,7 +56,13 @@ func testBlockedBroker(t *testing.T, size int) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := tr.Start(ctx, nil); err != nil {
+	// A subscription too, so that Close has a consumer's channel to end.
+	sub := uniq("blocked-sub")
+	if err := tr.Start(ctx, []*endpoint.Endpoint{newEndpoint(t, sub, nil, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := tr.Subscriber().Subscribe(ctx, sub)
+	if err != nil {
 		t.Fatal(err)
 	}
 	q := uniq("blocked")
@@ -68,6 +76,12 @@ func testBlockedBroker(t *testing.T, size int) {
 	if errs := tr.Deliver(ctx, []*outbox.Message{msg("warm", 10)}); errs[0] != nil {
 		t.Fatalf("deliver before the block: %v", errs[0])
 	}
+	warm := msg("warm-sub", 10)
+	warm.Destination = "queue:" + sub
+	if errs := tr.Deliver(ctx, []*outbox.Message{warm}); errs[0] != nil {
+		t.Fatalf("deliver to the subscription before the block: %v", errs[0])
+	}
+	receive(t, out, 5*time.Second).Ack() // the consumer runs
 
 	proxy.Block()
 	defer proxy.Unblock()
